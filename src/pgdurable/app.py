@@ -1,0 +1,284 @@
+"""The application object: registry of workflows and steps, configuration, and the client API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from . import store
+from .client import CompletionListener, WorkflowHandle
+from .config import Settings, database_url_from_env, schema_name
+from .db import Database
+from .embedded import embedded_database_url
+from .errors import ConfigurationError, SerializationError, WorkflowIdConflict
+from .migrations import migrate
+from .serialization import JsonSerializer, Serializer
+from .steps import RetryPolicy, make_step
+from .workflows import Registry, Workflow, default_name
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class App:
+    """A pgdurable application. Create one (or several: there is no global state) and register workflows.
+
+    ``database_url`` defaults to ``PGDURABLE_DATABASE_URL``, then ``DATABASE_URL``, then an embedded
+    PostgreSQL started on first use. Nothing connects until the first call that needs the database.
+    """
+
+    def __init__(self, database_url: str | None = None, *, schema: str | None = None,
+                 serializer: Serializer | None = None, auto_migrate: bool = True,
+                 settings: Settings | None = None, **tunables: Any) -> None:
+        self.schema = schema_name(schema)
+        self.settings = settings or Settings(**tunables)
+        self.serializer: Serializer = serializer or JsonSerializer()
+        self.registry = Registry()
+        explicit = database_url or database_url_from_env()
+        self.db = Database(lambda: explicit or embedded_database_url(), self.schema,
+                           auto_migrate=auto_migrate)
+        self.completions = CompletionListener(self)
+        self._local: _LocalRuntime | None = None
+        self._local_lock = threading.Lock()
+
+    # -- registration -------------------------------------------------------------------------------------
+
+    @overload
+    def workflow(self, fn: Callable[P, R], /) -> Workflow[P, R]: ...
+
+    @overload
+    def workflow(self, *, name: str | None = None, queue: str = "default", priority: int = 0,
+                 max_recoveries: int | None = None) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
+
+    def workflow(self, fn: Callable[P, R] | None = None, /, *, name: str | None = None,
+                 queue: str = "default", priority: int = 0,
+                 max_recoveries: int | None = None) -> Any:
+        """Register a workflow. Its steps are checkpointed; its return value is its result."""
+
+        def register(fn: Callable[P, R]) -> Workflow[P, R]:
+            workflow = Workflow(fn, name=name or default_name(fn), queue=queue, priority=priority,
+                                max_recoveries=max_recoveries)
+            self.registry.add(workflow)
+            return workflow
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def step(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+    @overload
+    def step(self, *, name: str | None = None, max_attempts: int = 3, interval: float = 0.5,
+             backoff: float = 2.0, max_interval: float = 60.0,
+             no_retry: tuple[type[BaseException], ...] = ()) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def step(self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, max_attempts: int = 3,
+             interval: float = 0.5, backoff: float = 2.0, max_interval: float = 60.0,
+             no_retry: tuple[type[BaseException], ...] = ()) -> Any:
+        """Declare a step: run at least once, recorded exactly once, replayed from its record.
+
+        A failing step is retried ``max_attempts`` times in all, waiting ``interval * backoff**n`` seconds
+        (at most ``max_interval``); exception types in ``no_retry`` fail it at once.
+        """
+        policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
+                             max_interval=max_interval, no_retry=no_retry)
+
+        def register(fn: Callable[P, R]) -> Callable[P, R]:
+            step_name = name or default_name(fn)
+            self.registry.steps.add(step_name)
+            return make_step(fn, step_name, policy)
+
+        return register(fn) if fn is not None else register
+
+    # -- enqueue ------------------------------------------------------------------------------------------
+
+    def enqueue(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
+                queue: str | None = None, priority: int | None = None, delay: float = 0.0,
+                max_recoveries: int | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+        """Durably enqueue a workflow; a worker runs it. A given ``workflow_id`` is an idempotency key."""
+        call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
+                                        max_recoveries)
+        return self._handle(self.db.run(call), call, hint)
+
+    async def enqueue_async(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
+                            queue: str | None = None, priority: int | None = None, delay: float = 0.0,
+                            max_recoveries: int | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+        call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
+                                        max_recoveries)
+        return self._handle(await self.db.arun(call), call, hint)
+
+    def _enqueue_call(self, workflow: Workflow[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      workflow_id: str | None, queue: str | None, priority: int | None, delay: float,
+                      max_recoveries: int | None) -> tuple[store.Call[store.Enqueued | None], Any]:
+        definition = self._resolve(workflow)
+        if isinstance(workflow, str) and definition is None:
+            # A workflow this process does not define: its signature is unknown, so arguments go by name.
+            if args:
+                raise TypeError(f"workflow {workflow!r} is not registered in this process; pass its "
+                                "arguments by keyword so they can be stored by name")
+            name, hint, default_queue, default_priority = workflow, Any, "default", 0
+            input_text = self.serializer.dumps(kwargs)
+        else:
+            assert definition is not None
+            name, hint = definition.name, definition.signature.return_hint
+            default_queue, default_priority = definition.queue, definition.priority
+            max_recoveries = max_recoveries if max_recoveries is not None else definition.max_recoveries
+            input_text = self._encode_arguments(definition, args, kwargs)
+        if delay < 0:
+            raise ValueError("delay must be >= 0 seconds")
+        call = store.enqueue(
+            id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
+            priority=default_priority if priority is None else priority, input=input_text,
+            max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
+            delay=delay)
+        return call, hint
+
+    def _encode_arguments(self, workflow: Workflow[..., Any], args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> str:
+        try:
+            bound = workflow.signature.bind(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(f"arguments do not fit workflow {workflow.name!r}: {exc}") from None
+        try:
+            return self.serializer.dumps(bound)
+        except SerializationError:
+            for argument, value in bound.items():  # name the argument that cannot be stored
+                try:
+                    self.serializer.dumps(value)
+                except SerializationError as exc:
+                    raise SerializationError(
+                        f"argument {argument!r} of workflow {workflow.name!r} cannot be stored: {exc}") from None
+            raise
+
+    def _resolve(self, workflow: Workflow[..., Any] | str) -> Workflow[..., Any] | None:
+        if isinstance(workflow, Workflow):
+            if self.registry.get(workflow.name) is not workflow:
+                raise ConfigurationError(f"workflow {workflow.name!r} is registered on another App")
+            return workflow
+        if isinstance(workflow, str):
+            return self.registry.get(workflow)
+        raise TypeError(f"expected a workflow registered with @app.workflow or its name, got {workflow!r}")
+
+    def _handle(self, enqueued: store.Enqueued | None, call: store.Call[Any], hint: Any) -> WorkflowHandle[Any]:
+        workflow_id, name = call.params["id"], call.params["name"]
+        if enqueued is None:  # lost a race with a concurrent enqueue of the same id: it exists now
+            existing = self.db.run(store.get_execution(workflow_id))
+            if existing is None:
+                raise RuntimeError(f"enqueue of {workflow_id} neither created nor found the execution")
+            enqueued = store.Enqueued(existing.id, existing.name, False)
+        if enqueued.name != name:
+            raise WorkflowIdConflict(
+                f"workflow id {workflow_id!r} already belongs to an execution of {enqueued.name!r}, not {name!r}")
+        return WorkflowHandle(self, workflow_id, hint)
+
+    # -- run in this process ------------------------------------------------------------------------------
+
+    def start(self, workflow: Workflow[..., R], *args: Any, workflow_id: str | None = None,
+              priority: int | None = None, max_recoveries: int | None = None,
+              **kwargs: Any) -> WorkflowHandle[R]:
+        """Run a workflow durably in this process, now. If the process dies, a worker resumes it."""
+        definition = self._resolve(workflow)
+        assert definition is not None
+        runtime = self._local_runtime()
+        input_text = self._encode_arguments(definition, args, kwargs)
+        row = self.db.run(store.start_owned(
+            id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
+            priority=definition.priority if priority is None else priority, input=input_text,
+            max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
+            owner=runtime.worker.id, lease=self.settings.lease_seconds))
+        assert row is not None
+        execution_id, name, created, attempt, stored_input = row
+        if name != definition.name:
+            raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
+        if created:
+            runtime.submit(store.Claimed(execution_id, name, attempt, stored_input))
+        return WorkflowHandle(self, execution_id, definition.signature.return_hint)
+
+    def _local_runtime(self) -> _LocalRuntime:
+        with self._local_lock:
+            if self._local is None:
+                self.db.ensure_schema()
+                self._local = _LocalRuntime(self)
+            return self._local
+
+    # -- management ---------------------------------------------------------------------------------------
+
+    def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
+        return WorkflowHandle(self, workflow_id)
+
+    def get(self, workflow_id: str) -> store.Execution | None:
+        return self.db.run(store.get_execution(workflow_id))
+
+    def steps(self, workflow_id: str) -> list[store.Step]:
+        return self.db.run(store.list_steps(workflow_id))
+
+    def list(self, *, status: str | None = None, name: str | None = None, queue: str | None = None,
+             limit: int = 50) -> list[store.Execution]:
+        return self.db.run(store.list_executions(status=status, name=name, queue=queue, limit=limit))
+
+    def cancel(self, workflow_id: str) -> bool:
+        """Cancel an enqueued or running execution. A running one stops at its next step."""
+        return self.db.run(store.cancel(workflow_id))
+
+    async def cancel_async(self, workflow_id: str) -> bool:
+        return await self.db.arun(store.cancel(workflow_id))
+
+    def resume(self, workflow_id: str) -> bool:
+        """Re-enqueue a failed or cancelled execution. Completed steps are kept; a failed step runs again."""
+        with self.db.pool.connection() as conn, conn.transaction():
+            store.run(conn, store.forget_failed_steps(workflow_id))
+            return store.run(conn, store.resume(workflow_id))
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema; returns the migration versions applied."""
+        return migrate(self.db.conninfo, self.schema)
+
+    # -- workers ------------------------------------------------------------------------------------------
+
+    def worker(self, *, queues: list[str] | None = None, concurrency: int = 16) -> Any:
+        from .worker import Worker
+
+        return Worker(self, queues=queues, concurrency=concurrency)
+
+    def run_worker(self, *, queues: list[str] | None = None, concurrency: int = 16) -> None:
+        """Run a worker in this process until SIGTERM/SIGINT."""
+        worker = self.worker(queues=queues, concurrency=concurrency)
+        asyncio.run(worker.run(handle_signals=True))
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+        self.completions.stop()
+        self.db.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _LocalRuntime:
+    """A claim-less worker on a daemon thread: runs App.start() executions and heartbeats their leases."""
+
+    def __init__(self, app: App) -> None:
+        from .worker import Worker
+
+        self.worker = Worker(app, concurrency=64, claim=False)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name="pgdurable-local", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.worker.run())
+
+    def submit(self, claimed: store.Claimed) -> None:
+        asyncio.run_coroutine_threadsafe(self.worker.adopt_new(claimed), self.loop).result()
+
+    def close(self) -> None:
+        self.worker.stop_threadsafe()
+        self.thread.join(timeout=self.worker.settings.shutdown_grace_seconds + 5)

@@ -1,0 +1,65 @@
+"""Where pgdurable's settings come from: arguments first, then the environment, then defaults."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from .errors import ConfigurationError
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+
+
+def database_url_from_env() -> str | None:
+    return os.environ.get("PGDURABLE_DATABASE_URL") or os.environ.get("DATABASE_URL") or None
+
+
+def embedded_data_dir() -> Path:
+    """Where the embedded PostgreSQL keeps its data: ``PGDURABLE_DATA_DIR`` or a per-user directory."""
+    configured = os.environ.get("PGDURABLE_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_data_dir("pgdurable")) / "pg18"
+
+
+def schema_name(explicit: str | None) -> str:
+    name = explicit or os.environ.get("PGDURABLE_SCHEMA") or "pgdurable"
+    if not _IDENTIFIER.match(name):
+        raise ConfigurationError(
+            f"schema name {name!r} must be a lowercase SQL identifier (letters, digits, underscore)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Engine tunables. The defaults suit production; tests shorten the timings."""
+
+    # How long a claim is valid without a heartbeat. A crashed worker's executions resume elsewhere after
+    # at most about this long.
+    lease_seconds: float = 30.0
+    # How often a worker looks for work when no NOTIFY arrived (a fallback, not the latency).
+    poll_seconds: float = 2.0
+    # How often a worker looks for expired leases of other (crashed) workers.
+    sweep_seconds: float = 5.0
+    # How many times an execution's lease may expire before it is dead-lettered.
+    max_recoveries: int = 5
+    # How long an execution may wait on a served queue whose workers do not know its workflow before it
+    # is failed with a clear message. None keeps it waiting forever.
+    unknown_workflow_grace_seconds: float | None = 300.0
+    # Graceful shutdown: how long running workflows get to finish before they are released.
+    shutdown_grace_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:
+            raise ConfigurationError("lease_seconds, poll_seconds and sweep_seconds must be positive")
+        if self.max_recoveries < 0:
+            raise ConfigurationError("max_recoveries must be >= 0")
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.lease_seconds / 3

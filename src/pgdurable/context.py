@@ -1,0 +1,108 @@
+"""The running workflow's context: step counter, recorded steps for replay, and the fencing token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+from . import failures, store
+from .errors import ConfigurationError, LeaseLost, NonDeterminismError
+from .serialization import Serializer
+
+_current: ContextVar[ExecutionContext | None] = ContextVar("pgdurable_execution", default=None)
+# True while a step body runs: steps called from inside a step are plain calls, not checkpoints.
+_in_step: ContextVar[bool] = ContextVar("pgdurable_in_step", default=False)
+
+
+def current() -> ExecutionContext | None:
+    """The context of the workflow running in this thread or task, or None outside workflows and steps."""
+    if _in_step.get():
+        return None
+    return _current.get()
+
+
+def current_workflow_id() -> str | None:
+    """The id of the workflow execution this code runs in, or None outside a workflow."""
+    ctx = _current.get()
+    return ctx.execution_id if ctx else None
+
+
+class ExecutionContext:
+    """One attempt of one execution, as run by one worker."""
+
+    def __init__(self, *, execution_id: str, workflow_name: str, attempt: int,
+                 recorded: dict[int, store.RecordedStep], serializer: Serializer,
+                 write: Callable[[store.Call[bool]], Awaitable[bool]],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.execution_id = execution_id
+        self.workflow_name = workflow_name
+        self.attempt = attempt
+        self.recorded = recorded
+        self.serializer = serializer
+        self._write = write
+        self.loop = loop
+        self._next_step = 0
+        self.lost = False
+
+    def activate(self) -> Any:
+        return _current.set(self)
+
+    # -- replay -------------------------------------------------------------------------------------------
+
+    def begin_step(self, step_name: str) -> tuple[int, store.RecordedStep | None]:
+        """Take the next step ordinal; return it with the recorded outcome if this step already ran."""
+        if self.lost:
+            raise LeaseLost(f"execution {self.execution_id} attempt {self.attempt} is no longer owned")
+        step_id = self._next_step
+        self._next_step += 1
+        recorded = self.recorded.get(step_id)
+        if recorded is not None and recorded.step_name != step_name:
+            raise NonDeterminismError(
+                f"workflow {self.workflow_name!r} (execution {self.execution_id}) called step "
+                f"{step_name!r} as step #{step_id}, but the recorded history has {recorded.step_name!r} "
+                f"there: the workflow's code changed while this execution was in flight")
+        return step_id, recorded
+
+    def replay(self, recorded: store.RecordedStep, return_hint: Any) -> Any:
+        if recorded.error is not None:
+            raise failures.rebuild(json.loads(recorded.error))
+        return self.serializer.loads(recorded.output or "null", return_hint)
+
+    # -- recording ----------------------------------------------------------------------------------------
+
+    def encode_outcome(self, value: Any, error: BaseException | None) -> tuple[str | None, str | None]:
+        if error is not None:
+            return None, json.dumps(failures.describe(error))
+        return self.serializer.dumps(value), None
+
+    async def record(self, step_id: int, step_name: str, output: str | None, error: str | None,
+                     attempts: int, started_at: datetime) -> None:
+        ok = await self._write(store.record_step(
+            id=self.execution_id, attempt=self.attempt, step_id=step_id, step_name=step_name,
+            output=output, error=error, attempts=attempts, started_at=started_at))
+        if not ok:
+            self.lost = True
+            raise LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} lost its lease "
+                            f"before step #{step_id} ({step_name}) could be recorded")
+
+    def record_sync(self, step_id: int, step_name: str, output: str | None, error: str | None,
+                    attempts: int, started_at: datetime) -> None:
+        if self._on_loop_thread():
+            raise ConfigurationError(
+                f"step {step_name!r} is a plain (sync) function called from an async workflow; "
+                "make the step `async def`, or call it through `await asyncio.to_thread(...)`")
+        future = asyncio.run_coroutine_threadsafe(
+            self.record(step_id, step_name, output, error, attempts, started_at), self.loop)
+        future.result()
+
+    def _on_loop_thread(self) -> bool:
+        return getattr(self.loop, "_thread_id", None) == threading.get_ident()
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,126 @@
+"""Connections for one App: a lazily opened sync pool, async pools per event loop, dedicated listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.types.string import TextLoader
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from . import store
+from .migrations import migrate
+
+T = TypeVar("T")
+
+
+def configure(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Make a connection speak to pgdurable: its schema first on the search_path, jsonb kept as text."""
+    conn.adapters.register_loader("jsonb", TextLoader)
+    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
+
+
+async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    conn.adapters.register_loader("jsonb", TextLoader)
+    await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
+
+
+class Database:
+    """The one place that opens connections. Migrates the schema on first use unless told not to."""
+
+    def __init__(self, conninfo: Callable[[], str], schema: str, *, auto_migrate: bool = True,
+                 pool_size: int = 4) -> None:
+        self._conninfo_source = conninfo
+        self._conninfo: str | None = None
+        self.schema = schema
+        self.auto_migrate = auto_migrate
+        self.pool_size = pool_size
+        self._lock = threading.RLock()
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
+        self._migrated = False
+
+    @property
+    def conninfo(self) -> str:
+        if self._conninfo is None:
+            with self._lock:
+                if self._conninfo is None:
+                    self._conninfo = self._conninfo_source()
+        return self._conninfo
+
+    def ensure_schema(self) -> None:
+        if not self._migrated:
+            if self.auto_migrate:
+                migrate(self.conninfo, self.schema)
+            self._migrated = True
+
+    # -- sync ---------------------------------------------------------------------------------------------
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A dedicated autocommit connection (listeners, long-lived loops). The caller closes it."""
+        self.ensure_schema()
+        conn = psycopg.connect(self.conninfo, autocommit=True)
+        configure(conn, self.schema)
+        return conn
+
+    @property
+    def pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self.ensure_schema()
+                    schema = self.schema
+                    self._pool = ConnectionPool(
+                        self.conninfo, min_size=1, max_size=self.pool_size, open=True,
+                        kwargs={"autocommit": True}, configure=lambda c: configure(c, schema),
+                        name="pgdurable")
+        return self._pool
+
+    def run(self, call: store.Call[T]) -> T:
+        with self.pool.connection() as conn:
+            return store.run(conn, call)
+
+    # -- async --------------------------------------------------------------------------------------------
+
+    async def aconnect(self) -> psycopg.AsyncConnection[Any]:
+        await asyncio.to_thread(self.ensure_schema)
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        await aconfigure(conn, self.schema)
+        return conn
+
+    async def async_pool(self, size: int | None = None) -> AsyncConnectionPool[Any]:
+        """The async pool of the running event loop (async pools cannot be shared across loops)."""
+        loop = asyncio.get_running_loop()
+        pool = self._async_pools.get(loop)
+        if pool is None:
+            await asyncio.to_thread(self.ensure_schema)
+            schema = self.schema
+
+            async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+                await aconfigure(conn, schema)
+
+            pool = AsyncConnectionPool(
+                self.conninfo, min_size=1, max_size=size or self.pool_size, open=False,
+                kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
+            await pool.open()
+            self._async_pools[loop] = pool
+        return pool
+
+    async def arun(self, call: store.Call[T]) -> T:
+        pool = await self.async_pool()
+        async with pool.connection() as conn:
+            return await store.arun(conn, call)
+
+    async def aclose_loop_pool(self) -> None:
+        pool = self._async_pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -1,0 +1,59 @@
+"""Apply the numbered SQL migrations in order, once, safely from many processes at once."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from psycopg import sql
+
+from .sqlfiles import migrations
+
+log = logging.getLogger("pgdurable")
+
+# The key mixes in the schema name, so two schemas migrate independently.
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended('pgdurable migrate ' || %s, 0))"
+
+
+def latest_version() -> int:
+    return migrations()[-1][0]
+
+
+def applied_version(conn: psycopg.Connection[object], schema: str) -> int:
+    """The schema's migration version, 0 when pgdurable was never installed there."""
+    row = conn.execute(
+        "SELECT to_regclass(format('%%I.schema_migrations', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not row or not row[0]:
+        return 0
+    version = conn.execute(
+        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_migrations").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(version[0]) if version else 0
+
+
+def migrate(conninfo: str, schema: str) -> list[int]:
+    """Bring ``schema`` up to date; returns the versions this call applied (empty if none were needed)."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        if applied_version(conn, schema) >= latest_version():
+            return []
+        applied: list[int] = []
+        with conn.transaction():
+            # Whoever holds the lock migrates; the others wait, then find nothing left to do.
+            conn.execute(_LOCK_SQL, (schema,))
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            for version, name, text in migrations():
+                if version in done:
+                    continue
+                conn.execute(text)
+                conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+                applied.append(version)
+                log.info("pgdurable: applied migration %04d_%s to schema %s", version, name, schema)
+        return applied

@@ -1,0 +1,138 @@
+"""Payload encoding. JSON by default, so state stays readable in SQL; typed decoding from annotations.
+
+Values are encoded as plain JSON (datetimes as ISO strings, UUIDs and Decimals as strings, bytes as base64,
+dataclasses and pydantic models as objects). On the way back they are rebuilt as the types the function's
+signature names, so ``def f(when: datetime, ids: tuple[UUID, ...])`` receives a datetime and UUIDs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from functools import lru_cache
+from typing import Any, Protocol, get_type_hints
+
+import pydantic
+from pydantic import ConfigDict, TypeAdapter
+from pydantic_core import PydanticSerializationError, to_json
+from typing_extensions import TypedDict
+
+from .errors import SerializationError
+
+_BYTES_AS_BASE64 = ConfigDict(val_json_bytes="base64", ser_json_bytes="base64")
+
+
+class Serializer(Protocol):
+    """Turns values into the text stored in ``jsonb`` columns and back. Plug your own into ``App``."""
+
+    def dumps(self, value: Any) -> str: ...
+
+    def loads(self, text: str, type_hint: Any = Any) -> Any: ...
+
+
+def _has_own_config(hint: Any) -> bool:
+    return dataclasses.is_dataclass(hint) or (
+        isinstance(hint, type) and issubclass(hint, pydantic.BaseModel)
+    )
+
+
+@lru_cache(maxsize=1024)
+def _adapter(hint: Any) -> TypeAdapter[Any]:
+    if _has_own_config(hint):
+        return TypeAdapter(hint)
+    return TypeAdapter(hint, config=_BYTES_AS_BASE64)
+
+
+class JsonSerializer:
+    """The default: JSON text, decoded with pydantic against the expected type."""
+
+    def dumps(self, value: Any) -> str:
+        try:
+            return to_json(value, bytes_mode="base64").decode()
+        except PydanticSerializationError as exc:
+            raise SerializationError(f"cannot encode {type(value).__name__} as JSON: {exc}") from None
+
+    def loads(self, text: str, type_hint: Any = Any) -> Any:
+        if type_hint is Any or type_hint is inspect.Parameter.empty:
+            return json.loads(text)
+        try:
+            return _adapter(type_hint).validate_json(text)
+        except pydantic.ValidationError as exc:
+            raise SerializationError(f"cannot decode payload as {type_hint!r}: {exc}") from None
+
+
+class Signature:
+    """A function's parameters and return type, for encoding its arguments by name and decoding results."""
+
+    def __init__(self, fn: Any) -> None:
+        self.signature = inspect.signature(fn)
+        try:
+            hints = get_type_hints(fn)
+        except Exception:  # unresolvable forward references: fall back to untyped JSON
+            hints = {}
+        self.return_hint: Any = hints.get("return", Any)
+        self.param_hints: dict[str, Any] = {}
+        for name, param in self.signature.parameters.items():
+            hint = hints.get(name, Any)
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                hint = tuple[hint, ...]  # type: ignore[valid-type]
+            elif param.kind is inspect.Parameter.VAR_KEYWORD:
+                hint = dict[str, hint]  # type: ignore[valid-type]
+            self.param_hints[name] = hint
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Arguments by parameter name; raises TypeError at once if they do not fit the signature."""
+        bound = self.signature.bind(*args, **kwargs)
+        return dict(bound.arguments)
+
+    def encode_input(self, serializer: Serializer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return serializer.dumps(self.bind(args, kwargs))
+
+    @property
+    def _input_adapter(self) -> TypeAdapter[Any]:
+        adapter: TypeAdapter[Any] | None = self.__dict__.get("_input_adapter_cache")
+        if adapter is None:
+            # One TypedDict of all parameters, so the whole input is validated in a single JSON parse.
+            fields = dict(self.param_hints)
+            typed = TypedDict("Arguments", fields, total=False)  # type: ignore[operator]
+            typed.__pydantic_config__ = _BYTES_AS_BASE64  # type: ignore[attr-defined]
+            adapter = TypeAdapter(typed)
+            self.__dict__["_input_adapter_cache"] = adapter
+        return adapter
+
+    def decode_input(self, serializer: Serializer, text: str) -> tuple[list[Any], dict[str, Any]]:
+        """Rebuild call arguments from stored input, typed by the signature."""
+        if isinstance(serializer, JsonSerializer):
+            try:
+                raw = self._input_adapter.validate_json(text)
+            except pydantic.ValidationError as exc:
+                raise SerializationError(f"cannot decode workflow input {text[:200]}: {exc}") from None
+        else:
+            raw = serializer.loads(text)
+        if not isinstance(raw, dict):
+            raise SerializationError(f"workflow input must be an object of arguments, got {text[:200]}")
+        unknown = set(raw) - set(self.signature.parameters)
+        if unknown:
+            raise SerializationError(f"workflow input has arguments the function does not take: {sorted(unknown)}")
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        positional = True  # positional until the first parameter left to its default
+        for name, param in self.signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                if positional:
+                    args.extend(raw.get(name, ()))
+                continue
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(raw.get(name, {}))
+                continue
+            if name not in raw:
+                positional = False
+                continue
+            is_positional = param.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                           inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            if positional and is_positional:
+                args.append(raw[name])
+            else:
+                kwargs[name] = raw[name]
+        return args, kwargs

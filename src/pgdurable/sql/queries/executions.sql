@@ -1,0 +1,199 @@
+-- Named queries on workflow executions. Each block starts with "-- name: <name>"; parameters are psycopg
+-- named placeholders. The connection's search_path is the pgdurable schema.
+
+-- name: enqueue
+-- Idempotent by id: a second enqueue with the same id returns the existing row (created = false).
+WITH inserted AS (
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at)
+    VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
+            now() + make_interval(secs => %(delay)s))
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, name, true AS created
+)
+SELECT id, name, created FROM inserted
+UNION ALL
+SELECT id, name, false FROM workflow_executions
+WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
+
+-- name: start_owned
+-- Insert an execution already claimed by this process (App.start runs it in-process).
+WITH inserted AS (
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, status, owner_id,
+                                     lease_expires, attempt, started_at)
+    VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s, 'running',
+            %(owner)s, now() + make_interval(secs => %(lease)s), 1, now())
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, name, true AS created, attempt, input
+)
+SELECT id, name, created, attempt, input FROM inserted
+UNION ALL
+SELECT id, name, false, attempt, input FROM workflow_executions
+WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
+
+-- name: claim
+-- Take up to %(limit)s runnable executions: mark them running, owned by this worker, with a fresh lease and
+-- a new attempt number (the fencing token). SKIP LOCKED lets concurrent workers claim different rows.
+WITH picked AS (
+    SELECT id
+    FROM workflow_executions
+    WHERE status = 'enqueued'
+      AND queue = ANY (%(queues)s)
+      AND name = ANY (%(names)s)
+      AND available_at <= now()
+    ORDER BY priority, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_executions e
+SET status = 'running',
+    owner_id = %(owner)s,
+    lease_expires = now() + make_interval(secs => %(lease)s),
+    attempt = e.attempt + 1,
+    started_at = coalesce(e.started_at, now()),
+    updated_at = now()
+FROM picked
+WHERE e.id = picked.id
+RETURNING e.id, e.name, e.attempt, e.input;
+
+-- name: load_steps
+SELECT execution_id, step_id, step_name, output, error
+FROM operation_outputs
+WHERE execution_id = ANY (%(ids)s)
+ORDER BY execution_id, step_id;
+
+-- name: record_step
+-- Record a step once, only while the writer still owns the current attempt. FOR SHARE holds the
+-- execution row against a concurrent sweep/claim until this commits, so a new owner never misses it.
+WITH owned AS (
+    SELECT id FROM workflow_executions
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    FOR SHARE
+)
+INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                               recorded_by_attempt, started_at)
+SELECT owned.id, %(step_id)s, %(step_name)s, %(output)s::jsonb, %(error)s::jsonb, %(attempts)s,
+       %(attempt)s, %(started_at)s
+FROM owned
+ON CONFLICT (execution_id, step_id) DO NOTHING
+RETURNING step_id;
+
+-- name: complete
+-- Finish an execution, only while the writer still owns the current attempt.
+UPDATE workflow_executions
+SET status = %(status)s, output = %(output)s::jsonb, error = %(error)s::jsonb,
+    owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+RETURNING id;
+
+-- name: heartbeat
+-- Extend the leases this worker still holds; the rows returned are what it still owns.
+UPDATE workflow_executions
+SET lease_expires = now() + make_interval(secs => %(lease)s)
+WHERE owner_id = %(owner)s AND status = 'running'
+RETURNING id, attempt;
+
+-- name: release
+-- Graceful shutdown: hand unfinished executions back to the queue; they resume from their checkpoints.
+UPDATE workflow_executions
+SET status = 'enqueued', owner_id = NULL, lease_expires = NULL, updated_at = now()
+WHERE owner_id = %(owner)s AND status = 'running' AND id = ANY (%(ids)s)
+RETURNING id;
+
+-- name: sweep_expired
+-- Re-enqueue executions whose lease expired (their worker died or stalled), or dead-letter those that
+-- have already been recovered too often. SKIP LOCKED makes concurrent sweepers split the work.
+WITH expired AS (
+    SELECT id FROM workflow_executions
+    WHERE status = 'running' AND lease_expires < now()
+    ORDER BY lease_expires
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_executions e
+SET status = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN 'failed' ELSE 'enqueued' END,
+    error = CASE WHEN e.recoveries + 1 > e.max_recoveries
+                 THEN jsonb_build_object(
+                        'type', 'pgdurable.DeadLettered',
+                        'message', format('the worker running this execution was lost %%s times '
+                                          '(last owner %%s); giving up after max_recoveries=%%s',
+                                          e.recoveries + 1, e.owner_id, e.max_recoveries))
+                 ELSE e.error END,
+    completed_at = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN now() END,
+    recoveries = e.recoveries + 1,
+    owner_id = NULL,
+    lease_expires = NULL,
+    updated_at = now()
+FROM expired
+WHERE e.id = expired.id AND e.status = 'running' AND e.lease_expires < now()
+RETURNING e.id, e.status, e.recoveries;
+
+-- name: fail_unrunnable
+-- Fail executions that sat enqueued for longer than %(grace)s seconds on a queue that live workers serve,
+-- none of which knows the workflow's name. Executions on a queue nobody serves are left alone.
+WITH stuck AS (
+    SELECT e.id FROM workflow_executions e
+    WHERE e.status = 'enqueued'
+      AND e.available_at < now() - make_interval(secs => %(grace)s)
+      AND EXISTS (SELECT 1 FROM workers w
+                  WHERE e.queue = ANY (w.queues) AND w.heartbeat_at > now() - interval '2 minutes')
+      AND NOT EXISTS (SELECT 1 FROM workers w
+                      WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
+                        AND w.heartbeat_at > now() - interval '2 minutes')
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_executions e
+SET status = 'failed', completed_at = now(), updated_at = now(),
+    error = jsonb_build_object(
+        'type', 'pgdurable.UnknownWorkflow',
+        'message', format('no live worker serving queue %%L registers workflow %%L', e.queue, e.name))
+FROM stuck
+WHERE e.id = stuck.id AND e.status = 'enqueued'
+RETURNING e.id, e.name;
+
+-- name: get_execution
+SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
+       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at
+FROM workflow_executions
+WHERE id = %(id)s;
+
+-- name: get_status
+SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
+
+-- name: list_executions
+SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
+       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at
+FROM workflow_executions
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY created_at DESC, id
+LIMIT %(limit)s;
+
+-- name: list_steps
+SELECT step_id, step_name, output, error, attempts, recorded_by_attempt, started_at, completed_at
+FROM operation_outputs
+WHERE execution_id = %(id)s
+ORDER BY step_id;
+
+-- name: cancel
+UPDATE workflow_executions
+SET status = 'cancelled', owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
+WHERE id = %(id)s AND status IN ('enqueued', 'running')
+RETURNING id;
+
+-- name: forget_failed_steps
+-- Resume re-runs a failed step: drop its recorded error and anything recorded after it.
+DELETE FROM operation_outputs o
+WHERE o.execution_id = %(id)s
+  AND o.step_id >= (SELECT min(step_id) FROM operation_outputs
+                    WHERE execution_id = %(id)s AND error IS NOT NULL)
+  AND EXISTS (SELECT 1 FROM workflow_executions
+              WHERE id = %(id)s AND status IN ('failed', 'cancelled'));
+
+-- name: resume
+UPDATE workflow_executions
+SET status = 'enqueued', output = NULL, error = NULL, recoveries = 0, completed_at = NULL,
+    available_at = now(), updated_at = now()
+WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+RETURNING id;

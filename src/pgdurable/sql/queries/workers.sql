@@ -1,0 +1,25 @@
+-- Named queries on the worker registry.
+
+-- name: register_worker
+INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
+
+-- name: worker_heartbeat
+UPDATE workers SET heartbeat_at = now() WHERE id = %(id)s;
+
+-- name: deregister_worker
+DELETE FROM workers WHERE id = %(id)s;
+
+-- name: prune_workers
+-- Forget workers that stopped heartbeating long ago (they crashed; their leases are swept separately).
+DELETE FROM workers WHERE heartbeat_at < now() - interval '1 hour';
+
+-- name: list_workers
+SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
+       heartbeat_at > now() - interval '2 minutes' AS alive
+FROM workers
+ORDER BY started_at;
+
+-- name: list_unrunnable
+SELECT id, name, queue, created_at, reason FROM unrunnable_executions ORDER BY created_at LIMIT %(limit)s;

@@ -1,0 +1,265 @@
+"""Every statement the engine runs, as data: a named query, its parameters, and how to read its rows.
+
+Building a ``Call`` does no I/O, so one definition serves both the sync and the async driver; ``run`` and
+``arun`` are the only two places that execute them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+import psycopg
+
+from .sqlfiles import query
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    name: str
+    params: Mapping[str, Any]
+    read: Callable[[Rows], T]
+
+
+def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
+    cur = conn.execute(query(call.name), call.params)
+    return call.read(cur.fetchall() if cur.description else [])
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
+    cur = await conn.execute(query(call.name), call.params)
+    return call.read(await cur.fetchall() if cur.description else [])
+
+
+# ---- rows -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """A row of workflow_executions. Payload columns hold the stored JSON text."""
+
+    id: str
+    name: str
+    queue: str
+    status: str
+    priority: int
+    input: str
+    output: str | None
+    error: str | None
+    owner_id: str | None
+    lease_expires: datetime | None
+    attempt: int
+    recoveries: int
+    max_recoveries: int
+    available_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+    @property
+    def error_info(self) -> dict[str, Any] | None:
+        return json.loads(self.error) if self.error else None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    step_id: int
+    step_name: str
+    output: str | None
+    error: str | None
+    attempts: int
+    recorded_by_attempt: int
+    started_at: datetime
+    completed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    id: str
+    name: str
+    attempt: int
+    input: str
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: str
+    name: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    step_name: str
+    output: str | None
+    error: str | None
+
+
+# ---- readers ----------------------------------------------------------------------------------------------
+
+def _nothing(rows: Rows) -> None:
+    return None
+
+
+def _count(rows: Rows) -> int:
+    return len(rows)
+
+
+def _first_column(rows: Rows) -> list[Any]:
+    return [row[0] for row in rows]
+
+
+def _one_execution(rows: Rows) -> Execution | None:
+    return Execution(*rows[0]) if rows else None
+
+
+def _executions(rows: Rows) -> list[Execution]:
+    return [Execution(*row) for row in rows]
+
+
+def _steps(rows: Rows) -> list[Step]:
+    return [Step(*row) for row in rows]
+
+
+def _claimed(rows: Rows) -> list[Claimed]:
+    return [Claimed(*row) for row in rows]
+
+
+def _enqueued(rows: Rows) -> Enqueued | None:
+    return Enqueued(*rows[0][:3]) if rows else None
+
+
+def _recorded_steps(rows: Rows) -> dict[str, dict[int, RecordedStep]]:
+    found: dict[str, dict[int, RecordedStep]] = {}
+    for execution_id, step_id, step_name, output, error in rows:
+        found.setdefault(execution_id, {})[step_id] = RecordedStep(step_name, output, error)
+    return found
+
+
+def _pairs(rows: Rows) -> dict[str, Any]:
+    return {row[0]: row[1] for row in rows}
+
+
+def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
+    return rows
+
+
+# ---- calls ------------------------------------------------------------------------------------------------
+
+def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
+            delay: float) -> Call[Enqueued | None]:
+    return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
+                            "max_recoveries": max_recoveries, "delay": delay}, _enqueued)
+
+
+def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
+                owner: str, lease: float) -> Call[tuple[Any, ...] | None]:
+    return Call("start_owned", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
+                                "max_recoveries": max_recoveries, "owner": owner, "lease": lease},
+                lambda rows: rows[0] if rows else None)
+
+
+def claim(*, queues: list[str], names: list[str], owner: str, lease: float, limit: int) -> Call[list[Claimed]]:
+    return Call("claim", {"queues": queues, "names": names, "owner": owner, "lease": lease, "limit": limit},
+                _claimed)
+
+
+def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
+    return Call("load_steps", {"ids": ids}, _recorded_steps)
+
+
+def record_step(*, id: str, attempt: int, step_id: int, step_name: str, output: str | None, error: str | None,
+                attempts: int, started_at: datetime) -> Call[bool]:
+    return Call("record_step", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
+                                "output": output, "error": error, "attempts": attempts,
+                                "started_at": started_at}, bool)
+
+
+def complete(*, id: str, attempt: int, status: str, output: str | None, error: str | None) -> Call[bool]:
+    return Call("complete", {"id": id, "attempt": attempt, "status": status, "output": output,
+                             "error": error}, bool)
+
+
+def heartbeat(*, owner: str, lease: float) -> Call[dict[str, Any]]:
+    return Call("heartbeat", {"owner": owner, "lease": lease}, _pairs)
+
+
+def release(*, owner: str, ids: list[str]) -> Call[list[Any]]:
+    return Call("release", {"owner": owner, "ids": ids}, _first_column)
+
+
+def sweep_expired() -> Call[list[tuple[Any, ...]]]:
+    return Call("sweep_expired", {}, _dicts)
+
+
+def fail_unrunnable(grace: float) -> Call[list[tuple[Any, ...]]]:
+    return Call("fail_unrunnable", {"grace": grace}, _dicts)
+
+
+def get_execution(id: str) -> Call[Execution | None]:
+    return Call("get_execution", {"id": id}, _one_execution)
+
+
+def get_status(id: str) -> Call[tuple[Any, ...] | None]:
+    return Call("get_status", {"id": id}, lambda rows: rows[0] if rows else None)
+
+
+def list_executions(*, status: str | None, name: str | None, queue: str | None,
+                    limit: int) -> Call[list[Execution]]:
+    return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},
+                _executions)
+
+
+def list_steps(id: str) -> Call[list[Step]]:
+    return Call("list_steps", {"id": id}, _steps)
+
+
+def cancel(id: str) -> Call[bool]:
+    return Call("cancel", {"id": id}, bool)
+
+
+def forget_failed_steps(id: str) -> Call[None]:
+    return Call("forget_failed_steps", {"id": id}, _nothing)
+
+
+def resume(id: str) -> Call[bool]:
+    return Call("resume", {"id": id}, bool)
+
+
+def register_worker(*, id: str, hostname: str, pid: int, queues: list[str], workflows: list[str],
+                    concurrency: int) -> Call[None]:
+    return Call("register_worker", {"id": id, "hostname": hostname, "pid": pid, "queues": queues,
+                                    "workflows": workflows, "concurrency": concurrency}, _nothing)
+
+
+def worker_heartbeat(id: str) -> Call[None]:
+    return Call("worker_heartbeat", {"id": id}, _nothing)
+
+
+def deregister_worker(id: str) -> Call[None]:
+    return Call("deregister_worker", {"id": id}, _nothing)
+
+
+def prune_workers() -> Call[None]:
+    return Call("prune_workers", {}, _nothing)
+
+
+def list_workers() -> Call[list[tuple[Any, ...]]]:
+    return Call("list_workers", {}, _dicts)
+
+
+def list_unrunnable(limit: int) -> Call[list[tuple[Any, ...]]]:
+    return Call("list_unrunnable", {"limit": limit}, _dicts)

@@ -1,0 +1,300 @@
+"""The worker: claims executions, runs them, heartbeats their leases, sweeps expired ones, shuts down cleanly.
+
+One asyncio loop per worker process. Async workflows run as tasks on it; sync workflows run in a thread
+pool and hand their checkpoint writes to the loop, so every database write goes through one code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg import sql
+
+from . import failures, store
+from .context import ExecutionContext
+from .errors import LeaseLost
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+    from .app import App
+    from .workflows import Workflow
+
+log = logging.getLogger("pgdurable.worker")
+T = TypeVar("T")
+
+# Claim at most this many executions per round trip.
+_CLAIM_BATCH = 64
+
+
+@dataclass
+class Running:
+    claimed: store.Claimed
+    context: ExecutionContext
+    since: float = field(default_factory=time.monotonic)
+    task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    """Runs the workflows registered on ``app`` from the given queues (default: every queue they use)."""
+
+    def __init__(self, app: App, *, queues: list[str] | None = None, concurrency: int = 16,
+                 claim: bool = True) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app = app
+        self.settings = app.settings
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.names = app.registry.names()
+        self.queues = sorted(set(queues or {wf.queue for wf in app.registry.workflows.values()} or {"default"}))
+        self.concurrency = concurrency
+        self.claims = claim
+        self.running: dict[str, Running] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pgdurable-workflow")
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stop_requests = 0
+        self._started = asyncio.Event()
+
+    # -- database -----------------------------------------------------------------------------------------
+
+    async def _run(self, call: store.Call[T]) -> T:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            return await store.arun(conn, call)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Work until ``stop()`` (or SIGTERM/SIGINT when ``handle_signals``), then shut down gracefully."""
+        self.loop = asyncio.get_running_loop()
+        self._pool = await self.app.db.async_pool(size=min(self.concurrency, 16) + 2)
+        if handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(signum, self.stop)
+        background = [asyncio.create_task(self._heartbeat_loop(), name="pgdurable-heartbeat")]
+        if self.claims:
+            await self._run(store.register_worker(
+                id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
+                workflows=self.names, concurrency=self.concurrency))
+            background += [asyncio.create_task(self._listen_loop(), name="pgdurable-listen"),
+                           asyncio.create_task(self._sweep_loop(), name="pgdurable-sweep")]
+            log.info("worker %s: queues %s, %d workflows, concurrency %d",
+                     self.id, ",".join(self.queues), len(self.names), self.concurrency)
+        self._started.set()
+        try:
+            if self.claims:
+                await self._claim_loop()
+            else:
+                await self._stop.wait()
+        finally:
+            await self._shutdown(background)
+
+    def stop(self) -> None:
+        """Ask the worker to stop: no new claims, a grace period, then release. A second call exits now."""
+        self._stop_requests += 1
+        if self._stop_requests > 1:
+            log.warning("worker %s: second stop signal, exiting at once", self.id)
+            os._exit(130)
+        log.info("worker %s: stopping (grace %.0fs)", self.id, self.settings.shutdown_grace_seconds)
+        self._stop.set()
+        self._wake.set()
+
+    def stop_threadsafe(self) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.stop)
+
+    async def _shutdown(self, background: list[asyncio.Task[None]]) -> None:
+        pending = [r.task for r in self.running.values() if r.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=self.settings.shutdown_grace_seconds)
+        leftover = list(self.running.values())
+        if leftover:
+            for running in leftover:
+                running.context.lost = True  # sync workflows stop at their next checkpoint
+                if running.task is not None and running.claimed.name in self._async_names():
+                    running.task.cancel()
+            released = await self._run(store.release(owner=self.id, ids=[r.claimed.id for r in leftover]))
+            log.info("worker %s: released %d unfinished executions to the queue", self.id, len(released))
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if self.claims:
+            await self._run(store.deregister_worker(self.id))
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        await self.app.db.aclose_loop_pool()
+
+    def _async_names(self) -> set[str]:
+        return {wf.name for wf in self.app.registry.workflows.values() if wf.is_async}
+
+    @property
+    def busy_threads(self) -> int:
+        """Sync workflows still running in threads (a released one runs on until its next checkpoint)."""
+        return sum(1 for running in self.running.values() if running.claimed.name not in self._async_names())
+
+    # -- claiming -----------------------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        lease = self.settings.lease_seconds
+        while not self._stop.is_set():
+            # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
+            self._wake.clear()
+            free = self.concurrency - len(self.running)
+            limit = min(free, _CLAIM_BATCH)
+            if limit > 0:
+                try:
+                    claimed = await self._run(store.claim(
+                        queues=self.queues, names=self.names, owner=self.id, lease=lease, limit=limit))
+                except Exception:
+                    log.exception("worker %s: claim failed; retrying", self.id)
+                    await asyncio.sleep(1.0)
+                    continue
+                if claimed:
+                    await self._launch(claimed)
+                    if len(claimed) == limit:
+                        continue  # there may be more waiting
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
+            except TimeoutError:
+                pass
+
+    async def _launch(self, claimed: list[store.Claimed]) -> None:
+        resumed = [c.id for c in claimed if c.attempt > 1]
+        recorded = await self._run(store.load_steps(resumed)) if resumed else {}
+        for execution in claimed:
+            self.adopt(execution, recorded.get(execution.id, {}))
+
+    def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep]) -> asyncio.Task[None]:
+        """Run an execution this worker owns (claimed, or started in-process by App.start)."""
+        assert self.loop is not None
+        context = ExecutionContext(
+            execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
+            serializer=self.app.serializer, write=self._run, loop=self.loop)
+        running = Running(claimed, context)
+        self.running[claimed.id] = running
+        running.task = asyncio.create_task(self._execute(running), name=f"pgdurable:{claimed.id}")
+        return running.task
+
+    async def adopt_new(self, claimed: store.Claimed) -> None:
+        """Entry point for App.start from another thread: a new execution has no recorded steps."""
+        await self._started.wait()
+        self.adopt(claimed, {})
+
+    # -- executing ----------------------------------------------------------------------------------------
+
+    async def _execute(self, running: Running) -> None:
+        claimed, context = running.claimed, running.context
+        workflow = self.app.registry.get(claimed.name)
+        try:
+            if workflow is None:  # claim filters by name, so only an in-process start can get here
+                raise LookupError(f"workflow {claimed.name!r} is not registered in this process")
+            try:
+                value = await self._call(workflow, context, claimed.input)
+                status, output, error = "succeeded", self.app.serializer.dumps(value), None
+            except (LeaseLost, asyncio.CancelledError):
+                if context.lost:
+                    log.info("execution %s attempt %d: stopped, no longer owned", claimed.id, claimed.attempt)
+                    return
+                raise
+            except Exception as exc:
+                if context.lost:
+                    return
+                status, output, error = "failed", None, json.dumps(failures.describe(exc))
+            if await self._run(store.complete(id=claimed.id, attempt=claimed.attempt, status=status,
+                                              output=output, error=error)):
+                return
+            log.warning("execution %s attempt %d: finished, but its lease was lost; result discarded",
+                        claimed.id, claimed.attempt)
+        except Exception:
+            log.exception("execution %s: could not be completed; its lease will expire and it will be retried",
+                          claimed.id)
+        finally:
+            self.running.pop(claimed.id, None)
+            self._wake.set()
+
+    async def _call(self, workflow: Workflow[Any, Any], context: ExecutionContext, input_text: str) -> Any:
+        args, kwargs = workflow.signature.decode_input(self.app.serializer, input_text)
+        if workflow.is_async:
+            context.activate()  # this task runs in its own copy of the context
+            return await workflow.fn(*args, **kwargs)
+        assert self.loop is not None
+        return await self.loop.run_in_executor(self._threads, _run_sync, context, workflow, args, kwargs)
+
+    # -- background duties --------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                sent = time.monotonic()
+                owned = await self._run(store.heartbeat(owner=self.id, lease=self.settings.lease_seconds))
+                if self.claims:
+                    await self._run(store.worker_heartbeat(self.id))
+            except Exception as exc:
+                log.warning("worker %s: heartbeat failed (%s)", self.id, exc)
+                continue
+            for execution_id, running in list(self.running.items()):
+                if running.since < sent and owned.get(execution_id) != running.claimed.attempt:
+                    self._abandon(running)
+
+    def _abandon(self, running: Running) -> None:
+        """Another worker took this execution over (or it was cancelled): stop it without writing."""
+        log.warning("execution %s attempt %d: lease lost, stopping it", running.claimed.id,
+                    running.claimed.attempt)
+        running.context.lost = True
+        if running.task is not None and running.claimed.name in self._async_names():
+            running.task.cancel()
+
+    async def _sweep_loop(self) -> None:
+        interval = self.settings.sweep_seconds
+        while True:
+            await asyncio.sleep(interval * random.uniform(0.5, 1.5))  # spread sweeps of many workers
+            try:
+                for execution_id, status, recoveries in await self._run(store.sweep_expired()):
+                    log.warning("execution %s: lease expired, %s (recovery %d)", execution_id,
+                                "dead-lettered" if status == "failed" else "re-enqueued", recoveries)
+                grace = self.settings.unknown_workflow_grace_seconds
+                if grace is not None:
+                    for execution_id, name in await self._run(store.fail_unrunnable(grace)):
+                        log.warning("execution %s: failed, no live worker knows workflow %r", execution_id, name)
+                await self._run(store.prune_workers())
+            except Exception as exc:
+                log.warning("worker %s: sweep failed (%s)", self.id, exc)
+
+    async def _listen_loop(self) -> None:
+        channel = sql.Identifier(f"{self.app.db.schema}_work")
+        queues = set(self.queues)
+        while True:
+            try:
+                conn = await self.app.db.aconnect()
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    self._wake.set()  # catch up on whatever was enqueued while not listening
+                    async for notice in conn.notifies():
+                        if notice.payload in queues:
+                            self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("worker %s: listener lost its connection (%s); polling until it is back",
+                            self.id, exc)
+                await asyncio.sleep(1.0)
+
+
+def _run_sync(context: ExecutionContext, workflow: Workflow[Any, Any], args: list[Any],
+              kwargs: dict[str, Any]) -> Any:
+    context.activate()  # worker threads are reused; each run sets its own context
+    return workflow.fn(*args, **kwargs)

@@ -1,0 +1,74 @@
+"""Workflow definitions: the function, its name, defaults, and how its arguments are encoded."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from .errors import ConfigurationError
+from .serialization import Signature
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Keyword arguments that App.enqueue and App.start take for themselves.
+RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries"})
+
+
+class Workflow(Generic[P, R]):
+    """A registered workflow. Calling it directly runs the plain function (no durability): handy in tests.
+
+    Run it durably with ``app.enqueue(workflow, ...)`` or ``app.start(workflow, ...)``.
+    """
+
+    def __init__(self, fn: Callable[P, R], *, name: str, queue: str, priority: int,
+                 max_recoveries: int | None) -> None:
+        clash = RESERVED_KWARGS & set(inspect.signature(fn).parameters)
+        if clash:
+            raise ConfigurationError(
+                f"workflow {name!r} has parameters named {sorted(clash)}, which app.enqueue() uses for its "
+                "own options; rename them")
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.priority = priority
+        self.max_recoveries = max_recoveries
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = Signature(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<pgdurable workflow {self.name!r} queue={self.queue!r}>"
+
+
+class Registry:
+    """Workflows by name. Names must be unique: they are what the database stores."""
+
+    def __init__(self) -> None:
+        self.workflows: dict[str, Workflow[Any, Any]] = {}
+        self.steps: set[str] = set()
+
+    def add(self, workflow: Workflow[Any, Any]) -> None:
+        existing = self.workflows.get(workflow.name)
+        if existing is not None and existing.fn is not workflow.fn:
+            raise ConfigurationError(
+                f"two workflows are registered under the name {workflow.name!r}; give one of them "
+                "@app.workflow(name=...)")
+        self.workflows[workflow.name] = workflow
+
+    def get(self, name: str) -> Workflow[Any, Any] | None:
+        return self.workflows.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self.workflows)
+
+
+def default_name(fn: Callable[..., Any]) -> str:
+    """The function's qualified name, without its module: stable whether the module is imported or run as
+    __main__, and readable in SQL. Pass ``name=`` when two workflows would share one."""
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "workflow"))
