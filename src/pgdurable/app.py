@@ -37,8 +37,9 @@ class App:
         self.settings = settings or Settings(**tunables)
         self.serializer: Serializer = serializer or JsonSerializer()
         self.registry = Registry()
-        explicit = database_url or database_url_from_env()
-        self.db = Database(lambda: explicit or embedded_database_url(), self.schema,
+        # Resolved on first use, so an App can be defined at import time before the environment is set.
+        self.db = Database(lambda: database_url or database_url_from_env() or embedded_database_url(),
+                           self.schema,
                            auto_migrate=auto_migrate)
         self.completions = CompletionListener(self)
         self._local: _LocalRuntime | None = None

@@ -1,0 +1,242 @@
+"""The ``pgdurable`` command line: run workers, migrate, inspect and steer executions, and the demo."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import store
+from .app import App
+
+cli = typer.Typer(help="Durable Python workflows with PostgreSQL as the only orchestrator.",
+                  no_args_is_help=True, add_completion=False)
+workflows_cli = typer.Typer(help="Inspect and steer workflow executions.", no_args_is_help=True)
+cli.add_typer(workflows_cli, name="workflows")
+console = Console()
+
+DatabaseUrl = Annotated[str | None, typer.Option(
+    "--database-url", envvar="PGDURABLE_DATABASE_URL",
+    help="PostgreSQL URL (else DATABASE_URL, else the embedded server).")]
+Schema = Annotated[str | None, typer.Option("--schema", envvar="PGDURABLE_SCHEMA",
+                                            help="Schema holding pgdurable's tables.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _app(database_url: str | None, schema: str | None) -> App:
+    return App(database_url, schema=schema)
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _load_app(target: str) -> App:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise typer.BadParameter("expected MODULE:APP, for example myproject.workflows:app")
+    sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise typer.BadParameter(f"{target} is not a pgdurable.App (found {type(app).__name__})")
+    return app
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _payload(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+def _execution_dict(execution: store.Execution) -> dict[str, Any]:
+    data = {name: _jsonable(getattr(execution, name)) for name in store.Execution.__slots__}
+    for column in ("input", "output", "error"):
+        data[column] = _payload(data[column])
+    return data
+
+
+def _step_dict(step: store.Step) -> dict[str, Any]:
+    data = {name: _jsonable(getattr(step, name)) for name in store.Step.__slots__}
+    data["output"], data["error"] = _payload(step.output), _payload(step.error)
+    data["duration_ms"] = round((step.completed_at - step.started_at).total_seconds() * 1000, 3)
+    return data
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+@cli.command()
+def worker(
+    target: Annotated[str, typer.Argument(help="The App to serve, as MODULE:ATTRIBUTE.")],
+    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to serve (repeatable).")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Executions run at once.")] = 16,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run a worker: claim executions, run them, heartbeat, sweep. SIGTERM/SIGINT stops it gracefully."""
+    _setup_logging(verbose)
+    app = _load_app(target)
+    import asyncio
+
+    runner = app.worker(queues=queue or None, concurrency=concurrency)
+    asyncio.run(runner.run(handle_signals=True))
+    if runner.busy_threads:
+        # Released sync workflows may still sit in a step; their work is back on the queue, so leave now.
+        logging.getLogger("pgdurable.worker").info("exiting with %d released workflow thread(s) still busy",
+                                                   runner.busy_threads)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+@cli.command()
+def migrate(database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+    """Create or upgrade pgdurable's schema (also done automatically on first use)."""
+    app = App(database_url, schema=schema, auto_migrate=False)
+    applied = app.migrate()
+    console.print(f"schema {app.schema}: " + (f"applied {applied}" if applied else "already up to date"))
+
+
+@workflows_cli.command("list")
+def list_workflows(
+    status: Annotated[str | None, typer.Option(help="enqueued, running, succeeded, failed or cancelled")] = None,
+    name: Annotated[str | None, typer.Option(help="Workflow name.")] = None,
+    queue: Annotated[str | None, typer.Option(help="Queue name.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
+) -> None:
+    """List executions, newest first."""
+    executions = _app(database_url, schema).list(status=status, name=name, queue=queue, limit=limit)
+    if as_json:
+        print(json.dumps([_execution_dict(e) for e in executions], indent=2))
+        return
+    table = Table("id", "name", "queue", "status", "attempt", "created", "completed", "error")
+    for e in executions:
+        error = (e.error_info or {}).get("message", "")
+        table.add_row(e.id, e.name, e.queue, e.status, str(e.attempt), _when(e.created_at),
+                      _when(e.completed_at), _short(error))
+    console.print(table)
+
+
+@workflows_cli.command("show")
+def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
+                  as_json: AsJson = False) -> None:
+    """Show one execution and every recorded step with its timing."""
+    app = _app(database_url, schema)
+    execution = app.get(workflow_id)
+    if execution is None:
+        console.print(f"[red]no execution with id {workflow_id}[/red]")
+        raise typer.Exit(1)
+    steps = app.steps(workflow_id)
+    if as_json:
+        print(json.dumps({**_execution_dict(execution), "steps": [_step_dict(s) for s in steps]}, indent=2))
+        return
+    summary = Table.grid(padding=(0, 2))
+    for label, value in [
+        ("id", execution.id), ("workflow", execution.name), ("queue", execution.queue),
+        ("status", execution.status), ("attempt", str(execution.attempt)),
+        ("recoveries", f"{execution.recoveries} of {execution.max_recoveries}"),
+        ("owner", execution.owner_id or ""), ("lease expires", _when(execution.lease_expires)),
+        ("created", _when(execution.created_at)), ("started", _when(execution.started_at)),
+        ("completed", _when(execution.completed_at)), ("input", _short(_payload(execution.input), 100)),
+        ("output", _short(_payload(execution.output), 100) if execution.output else ""),
+    ]:
+        summary.add_row(f"[bold]{label}[/bold]", value)
+    console.print(summary)
+    if execution.error_info:
+        console.print(f"[red]error[/red] {execution.error_info.get('type')}: {execution.error_info.get('message')}")
+        if execution.error_info.get("traceback"):
+            console.print(execution.error_info["traceback"], markup=False, highlight=False)
+    table = Table("step", "name", "outcome", "attempts", "by attempt", "started", "ms")
+    for s in steps:
+        outcome = f"[red]{_short(_payload(s.error)['message'])}[/red]" if s.error else _short(_payload(s.output))
+        duration = (s.completed_at - s.started_at).total_seconds() * 1000
+        table.add_row(str(s.step_id), s.step_name, outcome, str(s.attempts), str(s.recorded_by_attempt),
+                      _when(s.started_at), f"{duration:.1f}")
+    console.print(table)
+
+
+@workflows_cli.command("cancel")
+def cancel_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
+                    as_json: AsJson = False) -> None:
+    """Cancel an enqueued or running execution (a running one stops at its next step)."""
+    done = _app(database_url, schema).cancel(workflow_id)
+    _report(as_json, workflow_id, "cancelled", done, "is not enqueued or running")
+
+
+@workflows_cli.command("resume")
+def resume_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
+                    as_json: AsJson = False) -> None:
+    """Re-enqueue a failed or cancelled execution; completed steps are kept, the failed step runs again."""
+    done = _app(database_url, schema).resume(workflow_id)
+    _report(as_json, workflow_id, "resumed", done, "is not failed or cancelled")
+
+
+def _report(as_json: bool, workflow_id: str, verb: str, done: bool, why_not: str) -> None:
+    if as_json:
+        print(json.dumps({"id": workflow_id, verb: done}))
+    elif done:
+        console.print(f"{workflow_id}: {verb}")
+    else:
+        console.print(f"[yellow]{workflow_id}: not {verb}: no such execution, or it {why_not}[/yellow]")
+    if not done:
+        raise typer.Exit(1)
+
+
+@cli.command()
+def workers(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Live workers, and enqueued executions that no live worker can run."""
+    app = _app(database_url, schema)
+    rows = app.db.run(store.list_workers())
+    stuck = app.db.run(store.list_unrunnable(100))
+    if as_json:
+        keys = ("id", "hostname", "pid", "queues", "workflows", "concurrency", "started_at", "heartbeat_at",
+                "alive")
+        print(json.dumps({"workers": [{k: _jsonable(v) for k, v in zip(keys, row, strict=True)} for row in rows],
+                          "unrunnable": [{"id": r[0], "name": r[1], "queue": r[2], "reason": r[4]}
+                                         for r in stuck]}, indent=2))
+        return
+    table = Table("worker", "queues", "workflows", "concurrency", "heartbeat", "alive")
+    for row in rows:
+        table.add_row(row[0], ",".join(row[3]), str(len(row[4])), str(row[5]), _when(row[7]),
+                      "yes" if row[8] else "[red]no[/red]")
+    console.print(table)
+    if stuck:
+        unrunnable = Table("id", "name", "queue", "reason", title="No live worker can run these")
+        for r in stuck:
+            unrunnable.add_row(r[0], r[1], r[2], r[4])
+        console.print(unrunnable)
+
+
+@cli.command()
+def demo(
+    database_url: DatabaseUrl = None,
+    workflows: Annotated[int, typer.Option(help="How many workflows to run.")] = 3,
+) -> None:
+    """Watch workflows survive a SIGKILLed worker: they finish from their checkpoints on another one."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(database_url, workflows, console))
+
+
+def main() -> None:
+    cli()

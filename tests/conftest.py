@@ -1,0 +1,117 @@
+"""Fixtures: a real PostgreSQL (PGDURABLE_TEST_DATABASE_URL, else the embedded server), a fresh schema per
+test, apps with short timings, and in-process or subprocess workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgdurable
+from pgdurable.worker import Worker
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAST = {"lease_seconds": 2.0, "poll_seconds": 0.5, "sweep_seconds": 0.3, "shutdown_grace_seconds": 2.0}
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    configured = os.environ.get("PGDURABLE_TEST_DATABASE_URL")
+    if configured:
+        yield configured
+        return
+    from pgdurable.embedded import embedded_database_url
+
+    with tempfile.TemporaryDirectory(prefix="pgdurable-test-pg") as data_dir:
+        yield embedded_database_url(Path(data_dir) / "pgdata")
+
+
+@pytest.fixture
+def schema(database_url: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def make_app(database_url: str, schema: str) -> Iterator[Callable[..., pgdurable.App]]:
+    apps: list[pgdurable.App] = []
+
+    def make(**overrides: Any) -> pgdurable.App:
+        app = pgdurable.App(database_url, schema=schema, **{**FAST, **overrides})
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
+def app(make_app: Callable[..., pgdurable.App]) -> pgdurable.App:
+    return make_app()
+
+
+class ThreadWorker:
+    """A Worker running on its own event loop in a thread of the test process."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.worker.stop_threadsafe()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "worker did not stop"
+
+
+@pytest.fixture
+def start_worker() -> Iterator[Callable[..., ThreadWorker]]:
+    started: list[ThreadWorker] = []
+
+    def start(app: pgdurable.App, **options: Any) -> ThreadWorker:
+        runner = ThreadWorker(app.worker(**options))
+        started.append(runner)
+        return runner
+
+    yield start
+    for runner in started:
+        if runner.thread.is_alive():
+            runner.stop()
+
+
+@pytest.fixture
+def spawn_worker(database_url: str, schema: str,
+                 tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``pgdurable worker TARGET`` as a real process on this test's schema."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(target: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = open(tmp_path / f"worker-{len(procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgdurable", "worker", target, *args],
+            env={**os.environ, "PGDURABLE_DATABASE_URL": database_url, "PGDURABLE_SCHEMA": schema,
+                 "PYTHONPATH": str(REPO), **(env or {})},
+            stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
