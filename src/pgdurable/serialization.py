@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import logging
 from functools import lru_cache
 from typing import Any, Protocol, get_type_hints
 
@@ -69,7 +70,10 @@ class Signature:
         self.signature = inspect.signature(fn)
         try:
             hints = get_type_hints(fn)
-        except Exception:  # unresolvable forward references: fall back to untyped JSON
+        except Exception as exc:  # unresolvable forward references: fall back to untyped JSON
+            logging.getLogger("pgdurable").warning(
+                "pgdurable: cannot resolve the type hints of %s (%s); its payloads decode as plain JSON",
+                getattr(fn, "__qualname__", fn), exc)
             hints = {}
         self.return_hint: Any = hints.get("return", Any)
         self.param_hints: dict[str, Any] = {}

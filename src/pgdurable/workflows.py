@@ -71,4 +71,5 @@ class Registry:
 def default_name(fn: Callable[..., Any]) -> str:
     """The function's qualified name, without its module: stable whether the module is imported or run as
     __main__, and readable in SQL. Pass ``name=`` when two workflows would share one."""
-    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "workflow"))
+    qualname = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "workflow"))
+    return qualname.rsplit("<locals>.", 1)[-1]  # functions defined inside functions: their own name

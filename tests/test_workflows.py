@@ -1,0 +1,448 @@
+"""Workflows and steps end to end against a real PostgreSQL, with a worker on a thread of this process."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from pydantic import BaseModel
+
+import pgdurable
+
+
+def execute(app: pgdurable.App, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run SQL on the app's schema (tests simulate crashes and inspect state this way)."""
+    app.db.ensure_schema()
+    with psycopg.connect(app.db.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        cur = conn.execute(statement.encode(), params)
+        return cur.fetchall() if cur.description else []
+
+
+def simulate_crash(app: pgdurable.App, workflow_id: str) -> None:
+    """Put a finished execution back on the queue, as if its worker died before completing it."""
+    execute(app, "UPDATE workflow_executions SET status = 'enqueued', output = NULL, error = NULL, "
+                 "completed_at = NULL WHERE id = %s", workflow_id)
+
+
+def test_enqueue_runs_steps_and_returns_result(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.step()
+    def add_one(x: int) -> int:
+        return x + 1
+
+    @app.workflow()
+    def three_steps(x: int) -> int:
+        return add_one(add_one(add_one(x)))
+
+    start_worker(app)
+    handle = app.enqueue(three_steps, 1, workflow_id="order-1")
+    assert handle.result(timeout=10) == 4
+    assert handle.status() == "succeeded"
+    steps = app.steps("order-1")
+    assert [(s.step_id, s.step_name, s.output) for s in steps] == [
+        (0, "add_one", "2"), (1, "add_one", "3"), (2, "add_one", "4")]
+    row = app.get("order-1")
+    assert row is not None and row.input == '{"x": 1}' and row.attempt == 1
+
+
+async def test_async_workflow_and_async_client(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.step()
+    async def double(x: int) -> int:
+        return x * 2
+
+    @app.workflow(queue="async-q")
+    async def doubled_twice(x: int) -> int:
+        return await double(await double(x))
+
+    start_worker(app)
+    handle = await app.enqueue_async(doubled_twice, 5)
+    assert await handle.result_async(timeout=10) == 20
+    assert await handle.status_async() == "succeeded"
+
+
+def test_workflow_id_is_an_idempotency_key(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    runs = Counter[str]()
+
+    @app.step()
+    def effect(key: str) -> str:
+        runs[key] += 1
+        return key
+
+    @app.workflow()
+    def once(key: str) -> str:
+        return effect(key)
+
+    first = app.enqueue(once, "a", workflow_id="same-id")
+    second = app.enqueue(once, "a", workflow_id="same-id")
+    start_worker(app)
+    assert first.result(timeout=10) == second.result(timeout=10) == "a"
+    third = app.enqueue(once, "a", workflow_id="same-id")  # after completion, still the same execution
+    assert third.result(timeout=10) == "a"
+    assert runs == {"a": 1}
+    assert execute(app, "SELECT count(*) FROM workflow_executions")[0][0] == 1
+
+    @app.workflow()
+    def other(key: str) -> str:
+        return key
+
+    with pytest.raises(pgdurable.WorkflowIdConflict, match="same-id"):
+        app.enqueue(other, "b", workflow_id="same-id")
+
+
+def test_replay_returns_recorded_outputs_and_errors_without_running(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    runs = Counter[str]()
+
+    @app.step()
+    def fetch(x: int) -> int:
+        runs["fetch"] += 1
+        return x * 10
+
+    @app.step(max_attempts=1)
+    def explode(x: int) -> int:
+        runs["explode"] += 1
+        raise ValueError(f"bad input {x}")
+
+    @app.workflow()
+    def flow(x: int) -> str:
+        value = fetch(x)
+        try:
+            explode(x)
+        except ValueError as exc:
+            return f"{value} / caught {exc}"
+        return "unreachable"
+
+    start_worker(app)
+    handle = app.enqueue(flow, 4, workflow_id="replay-1")
+    assert handle.result(timeout=10) == "40 / caught bad input 4"
+    simulate_crash(app, "replay-1")
+    assert handle.result(timeout=10) == "40 / caught bad input 4"
+    assert runs == {"fetch": 1, "explode": 1}
+    assert app.get("replay-1").attempt == 2  # type: ignore[union-attr]
+    error_step = app.steps("replay-1")[1]
+    assert error_step.output is None and error_step.error is not None and "bad input 4" in error_step.error
+
+
+def test_changed_step_order_raises_a_clear_nondeterminism_error(
+        make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any]) -> None:
+    old = make_app()
+
+    @old.step()
+    def reserve() -> str:
+        return "reserved"
+
+    @old.workflow(name="checkout")
+    def checkout_v1() -> str:
+        return reserve()
+
+    runner = start_worker(old)
+    assert old.enqueue(checkout_v1, workflow_id="nd-1").result(timeout=10) == "reserved"
+    runner.stop()
+
+    new = make_app()
+
+    @new.step()
+    def charge() -> str:
+        return "charged"
+
+    @new.workflow(name="checkout")
+    def checkout_v2() -> str:
+        return charge()
+
+    simulate_crash(new, "nd-1")
+    start_worker(new)
+    with pytest.raises(pgdurable.WorkflowFailed) as failure:
+        new.handle("nd-1").result(timeout=10)
+    assert failure.value.type == "pgdurable.errors.NonDeterminismError"
+    assert "'charge'" in failure.value.remote_message and "'reserve'" in failure.value.remote_message
+
+
+def test_steps_retry_with_backoff_then_succeed(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    calls: list[float] = []
+
+    @app.step(max_attempts=4, interval=0.05, backoff=2.0)
+    def flaky() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise ConnectionError("try again")
+        return "ok"
+
+    @app.workflow()
+    def uses_flaky() -> str:
+        return flaky()
+
+    start_worker(app)
+    assert app.enqueue(uses_flaky, workflow_id="flaky").result(timeout=10) == "ok"
+    assert len(calls) == 3
+    assert calls[1] - calls[0] >= 0.05 and calls[2] - calls[1] >= 0.1  # exponential backoff
+    assert app.steps("flaky")[0].attempts == 3
+
+
+def test_spent_retries_and_non_retryable_errors_fail_the_workflow(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    attempts = Counter[str]()
+
+    class PaymentDeclined(Exception):
+        pass
+
+    @app.step(max_attempts=3, interval=0.01, no_retry=(PaymentDeclined,))
+    def charge(kind: str) -> str:
+        attempts[kind] += 1
+        if kind == "declined":
+            raise PaymentDeclined("card declined")
+        raise TimeoutError("gateway timeout")
+
+    @app.workflow()
+    def pay(kind: str) -> str:
+        return charge(kind)
+
+    start_worker(app)
+    with pytest.raises(pgdurable.WorkflowFailed) as declined:
+        app.enqueue(pay, "declined").result(timeout=10)
+    with pytest.raises(pgdurable.WorkflowFailed) as timed_out:
+        app.enqueue(pay, "timeout").result(timeout=10)
+    assert attempts == {"declined": 1, "timeout": 3}
+    assert declined.value.type.endswith("PaymentDeclined")
+    assert declined.value.remote_message == "card declined"
+    assert "Traceback" in declined.value.remote_traceback and "raise PaymentDeclined" in \
+        declined.value.remote_traceback
+    assert timed_out.value.type == "TimeoutError" and timed_out.value.status == "failed"
+
+
+@dataclasses.dataclass
+class Item:
+    sku: str
+    price: decimal.Decimal
+
+
+class Customer(BaseModel):
+    id: uuid.UUID
+    since: datetime.date
+
+
+def test_typed_arguments_and_results_round_trip(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.step()
+    def total(items: list[Item]) -> decimal.Decimal:
+        return sum((i.price for i in items), decimal.Decimal(0))
+
+    @app.workflow()
+    def invoice(customer: Customer, items: list[Item], at: datetime.datetime, blob: bytes,
+                pair: tuple[int, str]) -> tuple[Customer, decimal.Decimal, datetime.datetime, bytes, tuple[int, str]]:
+        assert isinstance(customer, Customer) and isinstance(items[0], Item) and isinstance(at, datetime.datetime)
+        return customer, total(items), at, blob, pair
+
+    start_worker(app)
+    customer = Customer(id=uuid.uuid4(), since=datetime.date(2020, 1, 2))
+    at = datetime.datetime(2026, 1, 1, 12, 30, tzinfo=datetime.UTC)
+    items = [Item("a", decimal.Decimal("1.10")), Item("b", decimal.Decimal("2.05"))]
+    result = app.enqueue(invoice, customer, items, at, b"\x00\xffbin", (7, "x")).result(timeout=10)
+    assert result == (customer, decimal.Decimal("3.15"), at, b"\x00\xffbin", (7, "x"))
+    # and the stored input is plain, readable JSON
+    stored = execute(app, "SELECT input->'items'->0->>'sku', input->'customer'->>'since' FROM workflow_executions")
+    assert stored == [("a", "2020-01-02")]
+
+
+def test_bad_arguments_fail_at_enqueue_and_store_nothing(app: pgdurable.App) -> None:
+    @app.workflow()
+    def takes_one(x: int) -> int:
+        return x
+
+    with pytest.raises(pgdurable.SerializationError, match="argument 'x' of workflow 'takes_one'"):
+        app.enqueue(takes_one, object())
+    with pytest.raises(TypeError, match="do not fit workflow 'takes_one'"):
+        app.enqueue(takes_one, 1, 2)
+    with pytest.raises(TypeError, match="keyword"):
+        app.enqueue("not.registered.here", 1)
+    assert execute(app, "SELECT count(*) FROM workflow_executions")[0][0] == 0
+
+
+def test_reserved_parameter_names_are_rejected_at_decoration(app: pgdurable.App) -> None:
+    with pytest.raises(pgdurable.ConfigurationError, match="queue"):
+        @app.workflow()
+        def bad(queue: str) -> None:
+            pass
+
+
+def test_result_waits_are_woken_by_notify(make_app: Callable[..., pgdurable.App],
+                                          start_worker: Callable[..., Any]) -> None:
+    # Workers poll only every 30 s here, and result waiters re-check only every 5 s: a prompt result proves
+    # both the worker and the waiter were woken by NOTIFY.
+    app = make_app(poll_seconds=30.0)
+
+    @app.workflow()
+    def quick() -> str:
+        return "done"
+
+    start_worker(app)
+    time.sleep(0.5)  # let the worker reach its idle wait
+    started = time.monotonic()
+    assert app.enqueue(quick).result(timeout=10) == "done"
+    assert time.monotonic() - started < 2.0
+
+
+def test_result_timeout(app: pgdurable.App) -> None:
+    @app.workflow()
+    def never_run() -> None:
+        pass
+
+    handle = app.enqueue(never_run)
+    with pytest.raises(pgdurable.ResultTimeout):
+        handle.result(timeout=0.3)
+    with pytest.raises(pgdurable.WorkflowNotFound):
+        app.handle("no-such-id").result(timeout=1)
+
+
+def test_cancel_enqueued_and_running(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    gate = threading.Event()
+    ran_after_cancel = threading.Event()
+
+    @app.step()
+    def wait_for_gate() -> None:
+        gate.wait(10)
+
+    @app.step()
+    def after() -> None:
+        ran_after_cancel.set()
+
+    @app.workflow()
+    def long_one() -> None:
+        wait_for_gate()
+        after()
+
+    queued = app.enqueue(long_one, workflow_id="queued", delay=60)
+    assert queued.cancel() is True
+    with pytest.raises(pgdurable.WorkflowCancelled):
+        queued.result(timeout=5)
+
+    start_worker(app)
+    running = app.enqueue(long_one, workflow_id="running")
+    deadline = time.monotonic() + 10
+    while running.status() != "running" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert app.cancel("running") is True
+    gate.set()
+    with pytest.raises(pgdurable.WorkflowCancelled):
+        running.result(timeout=5)
+    time.sleep(0.3)
+    assert not ran_after_cancel.is_set()  # its first step could not be recorded, so it stopped there
+    assert app.steps("running") == []
+    assert app.cancel("running") is False  # already terminal
+
+
+def test_resume_reruns_the_failed_step_only(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    runs = Counter[str]()
+    broken = {"yes": True}
+
+    @app.step()
+    def first() -> str:
+        runs["first"] += 1
+        return "one"
+
+    @app.step(max_attempts=1)
+    def second() -> str:
+        runs["second"] += 1
+        if broken["yes"]:
+            raise RuntimeError("downstream is down")
+        return "two"
+
+    @app.workflow()
+    def two_steps() -> list[str]:
+        return [first(), second()]
+
+    start_worker(app)
+    handle = app.enqueue(two_steps, workflow_id="resume-me")
+    with pytest.raises(pgdurable.WorkflowFailed, match="downstream is down"):
+        handle.result(timeout=10)
+    broken["yes"] = False
+    assert app.resume("resume-me") is True
+    assert handle.result(timeout=10) == ["one", "two"]
+    assert runs == {"first": 1, "second": 2}
+    assert app.resume("resume-me") is False  # only failed or cancelled executions resume
+
+
+def test_priority_then_age_orders_claims(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    order: list[str] = []
+
+    @app.workflow()
+    def record(label: str) -> None:
+        order.append(label)
+
+    app.enqueue(record, "low-old", priority=5)
+    app.enqueue(record, "high", priority=-1)
+    app.enqueue(record, "low-new", priority=5)
+    last = app.enqueue(record, "default", priority=0)
+    start_worker(app, concurrency=1)
+    last.result(timeout=10)
+    deadline = time.monotonic() + 10
+    while len(order) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert order == ["high", "default", "low-old", "low-new"]
+
+
+def test_delay_holds_an_execution_back(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.workflow()
+    def later() -> float:
+        return time.time()
+
+    start_worker(app)
+    enqueued_at = time.time()
+    handle = app.enqueue(later, delay=1.0)
+    assert handle.result(timeout=10) - enqueued_at >= 1.0
+
+
+def test_start_runs_in_process(app: pgdurable.App) -> None:
+    @app.step()
+    def square(x: int) -> int:
+        return x * x
+
+    @app.workflow()
+    def squares(n: int) -> list[int]:
+        return [square(i) for i in range(n)]
+
+    handle = app.start(squares, 4, workflow_id="local")
+    assert handle.result(timeout=10) == [0, 1, 4, 9]
+    assert len(app.steps("local")) == 4
+    again = app.start(squares, 4, workflow_id="local")  # idempotent: returns the finished execution
+    assert again.result(timeout=1) == [0, 1, 4, 9]
+
+
+def test_direct_call_runs_the_plain_function(app: pgdurable.App) -> None:
+    @app.step()
+    def inc(x: int) -> int:
+        return x + 1
+
+    @app.workflow()
+    def plain(x: int) -> int:
+        return inc(x)
+
+    assert plain(1) == 2
+    assert pgdurable.current_workflow_id() is None
+
+
+def test_workflow_id_visible_inside_workflow_and_nested_steps_are_plain(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.step()
+    def inner() -> str | None:
+        return pgdurable.current_workflow_id()
+
+    @app.step()
+    def outer() -> str | None:
+        return inner()  # a step inside a step is a plain call
+
+    @app.workflow()
+    def who() -> list[str | None]:
+        return [outer(), pgdurable.current_workflow_id()]
+
+    start_worker(app)
+    assert app.enqueue(who, workflow_id="me").result(timeout=10) == ["me", "me"]
+    assert [s.step_name for s in app.steps("me")] == ["outer"]
