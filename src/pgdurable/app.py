@@ -48,18 +48,18 @@ class App:
     # -- registration -------------------------------------------------------------------------------------
 
     @overload
-    def workflow(self, fn: Callable[P, R], /) -> Workflow[P, R]: ...
+    def workflow(self, fn: Callable[P, R]) -> Workflow[P, R]: ...
 
     @overload
-    def workflow(self, *, name: str | None = None, queue: str = "default", priority: int = 0,
+    def workflow(self, fn: None = None, *, name: str | None = None, queue: str = "default", priority: int = 0,
                  max_recoveries: int | None = None) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
-    def workflow(self, fn: Callable[P, R] | None = None, /, *, name: str | None = None,
+    def workflow(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
                  queue: str = "default", priority: int = 0,
                  max_recoveries: int | None = None) -> Any:
         """Register a workflow. Its steps are checkpointed; its return value is its result."""
 
-        def register(fn: Callable[P, R]) -> Workflow[P, R]:
+        def register(fn: Callable[..., Any]) -> Workflow[..., Any]:
             workflow = Workflow(fn, name=name or default_name(fn), queue=queue, priority=priority,
                                 max_recoveries=max_recoveries)
             self.registry.add(workflow)
@@ -68,14 +68,14 @@ class App:
         return register(fn) if fn is not None else register
 
     @overload
-    def step(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+    def step(self, fn: Callable[P, R]) -> Callable[P, R]: ...
 
     @overload
-    def step(self, *, name: str | None = None, max_attempts: int = 3, interval: float = 0.5,
+    def step(self, fn: None = None, *, name: str | None = None, max_attempts: int = 3, interval: float = 0.5,
              backoff: float = 2.0, max_interval: float = 60.0,
              no_retry: tuple[type[BaseException], ...] = ()) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
-    def step(self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, max_attempts: int = 3,
+    def step(self, fn: Callable[..., Any] | None = None, *, name: str | None = None, max_attempts: int = 3,
              interval: float = 0.5, backoff: float = 2.0, max_interval: float = 60.0,
              no_retry: tuple[type[BaseException], ...] = ()) -> Any:
         """Declare a step: run at least once, recorded exactly once, replayed from its record.
@@ -86,7 +86,7 @@ class App:
         policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
                              max_interval=max_interval, no_retry=no_retry)
 
-        def register(fn: Callable[P, R]) -> Callable[P, R]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or default_name(fn)
             self.registry.steps.add(step_name)
             return make_step(fn, step_name, policy)
@@ -215,7 +215,7 @@ class App:
     def steps(self, workflow_id: str) -> list[store.Step]:
         return self.db.run(store.list_steps(workflow_id))
 
-    def list(self, *, status: str | None = None, name: str | None = None, queue: str | None = None,
+    def list_workflows(self, *, status: str | None = None, name: str | None = None, queue: str | None = None,
              limit: int = 50) -> list[store.Execution]:
         return self.db.run(store.list_executions(status=status, name=name, queue=queue, limit=limit))
 

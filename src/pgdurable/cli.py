@@ -125,7 +125,7 @@ def list_workflows(
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
     """List executions, newest first."""
-    executions = _app(database_url, schema).list(status=status, name=name, queue=queue, limit=limit)
+    executions = _app(database_url, schema).list_workflows(status=status, name=name, queue=queue, limit=limit)
     if as_json:
         print(json.dumps([_execution_dict(e) for e in executions], indent=2))
         return

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import threading
 import time
@@ -144,18 +146,17 @@ class WorkflowHandle(Generic[R]):
         deadline = None if timeout is None else time.monotonic() + timeout
         loop = asyncio.get_running_loop()
         finished = asyncio.Event()
-        unsubscribe = await asyncio.to_thread(
-            self.app.completions.subscribe, self.workflow_id,
-            lambda: loop.call_soon_threadsafe(finished.set))
+        def wake() -> None:
+            loop.call_soon_threadsafe(finished.set)
+
+        unsubscribe = await asyncio.to_thread(self.app.completions.subscribe, self.workflow_id, wake)
         try:
             while True:
                 outcome = await self.app.db.arun(store.get_status(self.workflow_id))
                 if self._is_final(outcome):
                     return self._decode(outcome)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(finished.wait(), self._wait_time(deadline))
-                except TimeoutError:
-                    pass
                 finished.clear()
         finally:
             unsubscribe()
@@ -184,8 +185,6 @@ class WorkflowHandle(Generic[R]):
         if status == "succeeded":
             value: R = self.app.serializer.loads(output or "null", self._return_hint)
             return value
-        import json
-
         info = json.loads(error) if error else None
         if status == "cancelled":
             raise WorkflowCancelled(self.workflow_id, status, info)

@@ -104,7 +104,7 @@ def run_demo(database_url: str | None, count: int, console: Console) -> int:
     first.send_signal(signal.SIGKILL)
     first.wait()
     before = _recorded(ids)
-    console.print(f"[bold]4.[/bold] [red]SIGKILLed worker A[/red] mid-workflow. Checkpoints so far:")
+    console.print("[bold]4.[/bold] [red]SIGKILLed worker A[/red] mid-workflow. Checkpoints so far:")
     for workflow_id in ids:
         names = [s.step_name for s in before[workflow_id]]
         console.print(f"   {workflow_id}: {len(names)}/{len(STEPS)} steps recorded {names}", soft_wrap=True)

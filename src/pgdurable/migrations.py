@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -19,7 +20,7 @@ def latest_version() -> int:
     return migrations()[-1][0]
 
 
-def applied_version(conn: psycopg.Connection[object], schema: str) -> int:
+def applied_version(conn: psycopg.Connection[Any], schema: str) -> int:
     """The schema's migration version, 0 when pgdurable was never installed there."""
     row = conn.execute(
         "SELECT to_regclass(format('%%I.schema_migrations', %s::text)) IS NOT NULL", (schema,)

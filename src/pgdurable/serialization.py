@@ -99,7 +99,7 @@ class Signature:
         if adapter is None:
             # One TypedDict of all parameters, so the whole input is validated in a single JSON parse.
             fields = dict(self.param_hints)
-            typed = TypedDict("Arguments", fields, total=False)  # type: ignore[operator]
+            typed = TypedDict("Arguments", fields, total=False)  # type: ignore[misc]
             typed.__pydantic_config__ = _BYTES_AS_BASE64  # type: ignore[attr-defined]
             adapter = TypeAdapter(typed)
             self.__dict__["_input_adapter_cache"] = adapter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
@@ -21,7 +21,7 @@ def migrations() -> tuple[tuple[int, str, LiteralString], ...]:
     for entry in (resources.files("pgdurable") / "sql" / "migrations").iterdir():
         match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
         if match:
-            found.append((int(match[1]), match[2], cast(LiteralString, entry.read_text(encoding="utf-8"))))
+            found.append((int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     return tuple(sorted(found))
 
 
@@ -40,7 +40,7 @@ def queries() -> dict[str, LiteralString]:
                 raise RuntimeError(f"duplicate query name {name!r} in {entry.name}")
             # Comments go: psycopg would read a placeholder written in a comment as a real one.
             lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-            blocks[name] = cast(LiteralString, "\n".join(lines).strip().rstrip(";"))
+            blocks[name] = "\n".join(lines).strip().rstrip(";")
     return blocks
 
 

@@ -65,6 +65,7 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             if recorded is not None:
                 return ctx.replay(recorded, return_hint)
             started, attempt = utcnow(), 0
+            failure: BaseException | None
             token = _in_step.set(True)
             try:
                 while True:
@@ -97,6 +98,7 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             if recorded is not None:
                 return ctx.replay(recorded, return_hint)
             started, attempt = utcnow(), 0
+            failure: BaseException | None
             token = _in_step.set(True)
             try:
                 while True:

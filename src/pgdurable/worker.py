@@ -7,6 +7,7 @@ pool and hand their checkpoint writes to the loop, so every database write goes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -166,10 +167,8 @@ class Worker:
                     await self._launch(claimed)
                     if len(claimed) == limit:
                         continue  # there may be more waiting
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
-            except TimeoutError:
-                pass
 
     async def _launch(self, claimed: list[store.Claimed]) -> None:
         resumed = [c.id for c in claimed if c.attempt > 1]
