@@ -446,3 +446,54 @@ def test_workflow_id_visible_inside_workflow_and_nested_steps_are_plain(
     start_worker(app)
     assert app.enqueue(who, workflow_id="me").result(timeout=10) == ["me", "me"]
     assert [s.step_name for s in app.steps("me")] == ["outer"]
+
+
+class UpperCaseSerializer:
+    """A custom serializer: JSON whose strings are stored upper-cased (a visible, reversible change)."""
+
+    def __init__(self) -> None:
+        self.inner = pgdurable.JsonSerializer()
+        self.calls = Counter[str]()
+
+    def dumps(self, value: Any) -> str:
+        self.calls["dumps"] += 1
+        return self.inner.dumps(value.upper() if isinstance(value, str) else value)
+
+    def loads(self, text: str, type_hint: Any = Any) -> Any:
+        self.calls["loads"] += 1
+        value = self.inner.loads(text, type_hint)
+        return value.lower() if isinstance(value, str) else value
+
+
+def test_pluggable_serializer(make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any]) -> None:
+    serializer = UpperCaseSerializer()
+    app = make_app(serializer=serializer)
+
+    @app.step()
+    def echo(text: str) -> str:
+        return text
+
+    @app.workflow()
+    def shout(text: str) -> str:
+        return echo(text)
+
+    start_worker(app)
+    assert app.enqueue(shout, "hi", workflow_id="ser").result(timeout=10) == "hi"
+    assert app.steps("ser")[0].output == '"HI"'
+    assert execute(app, "SELECT output FROM workflow_executions WHERE id = 'ser'") == [("HI",)]
+    assert serializer.calls["dumps"] >= 2 and serializer.calls["loads"] >= 1
+
+
+def test_sync_step_in_async_workflow_fails_with_guidance(app: pgdurable.App,
+                                                         start_worker: Callable[..., Any]) -> None:
+    @app.step()
+    def blocking() -> int:
+        return 1
+
+    @app.workflow()
+    async def mixed() -> int:
+        return blocking()
+
+    start_worker(app)
+    with pytest.raises(pgdurable.WorkflowFailed, match="async def"):
+        app.enqueue(mixed).result(timeout=10)

@@ -83,7 +83,7 @@ class CompletionListener:
             except Exception as exc:  # connection lost: waiters fall back to re-checking; reconnect
                 if self._stopped.is_set():
                     return
-                log.warning("pgdurable: result listener lost its connection (%s); reconnecting", exc)
+                log.warning("result listener lost its connection (%s); reconnecting", exc)
                 self._listening.set()
                 time.sleep(1.0)
 

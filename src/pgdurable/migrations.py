@@ -56,5 +56,5 @@ def migrate(conninfo: str, schema: str) -> list[int]:
                 conn.execute(text)
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(version)
-                log.info("pgdurable: applied migration %04d_%s to schema %s", version, name, schema)
+                log.info("applied migration %04d_%s to schema %s", version, name, schema)
         return applied

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +70,10 @@ class Worker:
         self._stop = asyncio.Event()
         self._stop_requests = 0
         self._started = asyncio.Event()
+        # Sync workflows inside a thread right now. Counted in the thread itself: a released workflow's task
+        # is cancelled at loop shutdown while its thread runs on, so self.running no longer shows it.
+        self._busy_threads = 0
+        self._busy_lock = threading.Lock()
 
     # -- database -----------------------------------------------------------------------------------------
 
@@ -144,7 +149,7 @@ class Worker:
     @property
     def busy_threads(self) -> int:
         """Sync workflows still running in threads (a released one runs on until its next checkpoint)."""
-        return sum(1 for running in self.running.values() if running.claimed.name not in self._async_names())
+        return self._busy_threads
 
     # -- claiming -----------------------------------------------------------------------------------------
 
@@ -230,7 +235,17 @@ class Worker:
             context.activate()  # this task runs in its own copy of the context
             return await workflow.fn(*args, **kwargs)
         assert self.loop is not None
-        return await self.loop.run_in_executor(self._threads, _run_sync, context, workflow, args, kwargs)
+        return await self.loop.run_in_executor(self._threads, self._run_sync, context, workflow, args, kwargs)
+
+    def _run_sync(self, context: ExecutionContext, workflow: Workflow[Any, Any], args: list[Any],
+                  kwargs: dict[str, Any]) -> Any:
+        with self._busy_lock:
+            self._busy_threads += 1
+        try:
+            return _run_sync(context, workflow, args, kwargs)
+        finally:
+            with self._busy_lock:
+                self._busy_threads -= 1
 
     # -- background duties --------------------------------------------------------------------------------
 
