@@ -25,7 +25,6 @@ from PGDURABLE_BENCH_URL and PGDURABLE_BENCH_SCHEMA, which this script sets for 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import signal
@@ -140,7 +139,15 @@ def drop_schema(url: str, schema: str) -> None:
 def query(url: str, schema: str, text: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        return conn.execute(text, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(text, params).fetchall()
+
+
+def claim_statements(args: argparse.Namespace, id_pattern: str) -> int:
+    """How many claim statements took these executions: rows claimed together share started_at = now()."""
+    (count,), = query(args.url, args.schema,
+                      "SELECT count(DISTINCT started_at) FROM workflow_executions WHERE id LIKE %s",
+                      (id_pattern,))
+    return int(count)
 
 
 def pct(sorted_values: list[float], q: float) -> float:
@@ -200,11 +207,12 @@ class WorkerProcess:
 
     def __init__(self, url: str, schema: str, queue: str, concurrency: int) -> None:
         env = {**os.environ, "PGDURABLE_BENCH_URL": url, "PGDURABLE_BENCH_SCHEMA": schema}
-        self.log = tempfile.NamedTemporaryFile(prefix=f"pgdurable-bench-{queue}-", suffix=".log", delete=False)
+        fd, self.log = tempfile.mkstemp(prefix=f"pgdurable-bench-{queue}-", suffix=".log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pgdurable", "worker", "bench.throughput:app", "--queue", queue,
              "--concurrency", str(concurrency)],
-            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            cwd=REPO, env=env, stdout=fd, stderr=subprocess.STDOUT)
+        os.close(fd)
         self.pid = self.proc.pid
 
     def check(self) -> None:
@@ -212,7 +220,7 @@ class WorkerProcess:
             raise RuntimeError(f"worker {self.pid} exited with {self.proc.returncode}; log:\n{self.tail()}")
 
     def tail(self, lines: int = 40) -> str:
-        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -222,12 +230,11 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
         if self.proc.returncode == 0:
-            os.unlink(self.log.name)
+            os.unlink(self.log)
         else:
             print(f"pgdurable   (worker {self.pid} exited with {self.proc.returncode}; log kept at "
-                  f"{self.log.name})", file=sys.stderr)
+                  f"{self.log})", file=sys.stderr)
 
 
 def wait_all(handles: list[Any], worker: WorkerProcess | None, timeout: float = 600.0) -> list[Any]:
@@ -251,11 +258,11 @@ def wait_all(handles: list[Any], worker: WorkerProcess | None, timeout: float = 
 class Profiler:
     """py-spy record on the worker while a part runs; stopped with SIGINT, which makes it write its file."""
 
-    def __init__(self, pid: int, output: str | None) -> None:
+    def __init__(self, pid: int, output: str | None, extra: str) -> None:
         self.proc = None
         if output:
             spy = Path(sys.executable).parent / "py-spy"
-            self.proc = subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "250",
+            self.proc = subprocess.Popen([str(spy), "record", "--pid", str(pid), *extra.split(),
                                           "--format", "raw", "-o", output],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)  # let it attach
@@ -272,7 +279,7 @@ def part_a(bench: Bench, args: argparse.Namespace, worker: WorkerProcess) -> Non
     app, flow, n = bench.app, bench.flows[args.kind]["three"], args.n
     warm = app.enqueue(flow, 0, time.time())  # warm-up: also waits until the worker is up
     wait_all([warm], worker)
-    profiler = Profiler(worker.pid, args.py_spy)
+    profiler = Profiler(worker.pid, args.py_spy, args.py_spy_args)
     meter = CpuMeter(worker.pid)
     t0 = time.time()
     handles = [app.enqueue(flow, i, time.time(), workflow_id=f"a-{i}") for i in range(1, n + 1)]
@@ -290,6 +297,7 @@ def part_a(bench: Bench, args: argparse.Namespace, worker: WorkerProcess) -> Non
                  "       (SELECT count(*) FROM operation_outputs o WHERE o.execution_id = e.id)"
                  " FROM workflow_executions e WHERE id LIKE 'a-%%' AND status = 'succeeded'")
     assert len(rows) == n and all(r[3] == 3 for r in rows), "not every workflow recorded three steps"
+    claims = claim_statements(args, "a-%")
     lat = sorted(r[0] for r in rows)
     claim = sorted(r[1] for r in rows)
     run = sorted(r[2] for r in rows)
@@ -298,7 +306,8 @@ def part_a(bench: Bench, args: argparse.Namespace, worker: WorkerProcess) -> Non
           f"enqueue->start p50 {pct(lat, .5) * 1e3:.1f} ms p99 {pct(lat, .99) * 1e3:.1f} ms", flush=True)
     print(f"pgdurable   A detail: enqueue->claim (db clock) p50 {pct(claim, .5) * 1e3:.1f} ms "
           f"p99 {pct(claim, .99) * 1e3:.1f} ms; claim->completed p50 {pct(run, .5) * 1e3:.1f} ms "
-          f"p99 {pct(run, .99) * 1e3:.1f} ms; enqueue phase {t1 - t0:.2f} s, wall {t2 - t0:.2f} s",
+          f"p99 {pct(run, .99) * 1e3:.1f} ms; {claims} claim statements (mean batch {n / claims:.1f}); "
+          f"enqueue phase {t1 - t0:.2f} s, wall {t2 - t0:.2f} s",
           flush=True)
     print(cpu, flush=True)
     if args.py_spy:
@@ -349,10 +358,12 @@ def part_d(bench: Bench, args: argparse.Namespace) -> None:
         "       count(*) FILTER (WHERE status = 'succeeded')"
         " FROM workflow_executions WHERE id LIKE 'd-%%'")
     drain = last_done - first_claim
+    claims = claim_statements(args, "d-%")
     print(f"pgdurable jobs kind={args.kind} C={args.concurrency} N={j}: enqueue {j / (t1 - t0):.0f}/s "
           f"(one at a time), drain {done / drain:.0f} jobs/s (first claim -> last completion, one worker; "
           f"done {done})", flush=True)
-    print(f"pgdurable   D detail: drain {drain:.2f} s; from worker spawn to last result {t2 - t1:.2f} s",
+    print(f"pgdurable   D detail: drain {drain:.2f} s; from worker spawn to last result {t2 - t1:.2f} s; "
+          f"{claims} claim statements (mean batch {j / claims:.1f})",
           flush=True)
     print(cpu, flush=True)
 
@@ -361,7 +372,8 @@ def part_d(bench: Bench, args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("n", nargs="?", type=int, default=1000, help="workflows in part A (default 1000)")
+    parser.add_argument("n", nargs="?", type=int, default=2000,
+                        help="workflows in part A (default 2000, as ../shared/anchors/run.sh)")
     parser.add_argument("-c", "--concurrency", type=int, default=16, help="worker concurrency (default 16)")
     parser.add_argument("--kind", choices=("sync", "async"), default="sync",
                         help="def or async def workflows and steps (default sync, like the DBOS anchors)")
@@ -375,6 +387,8 @@ def main() -> int:
                                          "(default bench_<random>; must not exist yet)")
     parser.add_argument("--keep-schema", action="store_true", help="do not drop the schema at the end")
     parser.add_argument("--py-spy", metavar="FILE", help="py-spy record (raw format) of the worker in part A")
+    parser.add_argument("--py-spy-args", default="--rate 100 --nonblocking",
+                        help="extra py-spy record options (default: %(default)s; add --gil for on-CPU Python only)")
     args = parser.parse_args()
     args.steps = args.steps or args.n
     args.jobs = args.jobs or args.n
