@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
 from . import failures, store
+from .batcher import StepWrite, WriteBatcher
 from .errors import ConfigurationError, LeaseLost, NonDeterminismError
 from .serialization import Serializer
 
@@ -37,14 +37,13 @@ class ExecutionContext:
 
     def __init__(self, *, execution_id: str, workflow_name: str, attempt: int,
                  recorded: dict[int, store.RecordedStep], serializer: Serializer,
-                 write: Callable[[store.Call[bool]], Awaitable[bool]],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 batcher: WriteBatcher, loop: asyncio.AbstractEventLoop) -> None:
         self.execution_id = execution_id
         self.workflow_name = workflow_name
         self.attempt = attempt
         self.recorded = recorded
         self.serializer = serializer
-        self._write = write
+        self._batcher = batcher
         self.loop = loop
         self._next_step = 0
         self.lost = False
@@ -82,13 +81,8 @@ class ExecutionContext:
 
     async def record(self, step_id: int, step_name: str, output: str | None, error: str | None,
                      attempts: int, started_at: datetime) -> None:
-        ok = await self._write(store.record_step(
-            id=self.execution_id, attempt=self.attempt, step_id=step_id, step_name=step_name,
-            output=output, error=error, attempts=attempts, started_at=started_at))
-        if not ok:
-            self.lost = True
-            raise LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} lost its lease "
-                            f"before step #{step_id} ({step_name}) could be recorded")
+        write = StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, attempts, started_at)
+        self._check(await self._batcher.submit(write), step_id, step_name)
 
     def record_sync(self, step_id: int, step_name: str, output: str | None, error: str | None,
                     attempts: int, started_at: datetime) -> None:
@@ -96,9 +90,14 @@ class ExecutionContext:
             raise ConfigurationError(
                 f"step {step_name!r} is a plain (sync) function called from an async workflow; "
                 "make the step `async def`, or call it through `await asyncio.to_thread(...)`")
-        future = asyncio.run_coroutine_threadsafe(
-            self.record(step_id, step_name, output, error, attempts, started_at), self.loop)
-        future.result()
+        write = StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, attempts, started_at)
+        self._check(self._batcher.submit_threadsafe(write).result(), step_id, step_name)
+
+    def _check(self, recorded: bool, step_id: int, step_name: str) -> None:
+        if not recorded:
+            self.lost = True
+            raise LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} lost its lease "
+                            f"before step #{step_id} ({step_name}) could be recorded")
 
     def _on_loop_thread(self) -> bool:
         return getattr(self.loop, "_thread_id", None) == threading.get_ident()

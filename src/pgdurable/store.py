@@ -114,10 +114,6 @@ def _nothing(rows: Rows) -> None:
     return None
 
 
-def _count(rows: Rows) -> int:
-    return len(rows)
-
-
 def _first_column(rows: Rows) -> list[Any]:
     return [row[0] for row in rows]
 
@@ -149,6 +145,10 @@ def _recorded_steps(rows: Rows) -> dict[str, dict[int, RecordedStep]]:
     return found
 
 
+def _written(rows: Rows) -> set[tuple[str, int | None]]:
+    return {(row[0], row[1]) for row in rows}
+
+
 def _pairs(rows: Rows) -> dict[str, Any]:
     return {row[0]: row[1] for row in rows}
 
@@ -172,8 +172,8 @@ def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, ma
                 lambda rows: rows[0] if rows else None)
 
 
-def claim(*, queues: list[str], names: list[str], owner: str, lease: float, limit: int) -> Call[list[Claimed]]:
-    return Call("claim", {"queues": queues, "names": names, "owner": owner, "lease": lease, "limit": limit},
+def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int) -> Call[list[Claimed]]:
+    return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit},
                 _claimed)
 
 
@@ -181,20 +181,14 @@ def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
     return Call("load_steps", {"ids": ids}, _recorded_steps)
 
 
-def record_step(*, id: str, attempt: int, step_id: int, step_name: str, output: str | None, error: str | None,
-                attempts: int, started_at: datetime) -> Call[bool]:
-    return Call("record_step", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
-                                "output": output, "error": error, "attempts": attempts,
-                                "started_at": started_at}, bool)
+def write_batch(**arrays: list[Any]) -> Call[set[tuple[str, int | None]]]:
+    """Checkpoints (s_* arrays) and completions (c_* arrays); returns the (execution_id, step_id or None)
+    of every row actually written."""
+    return Call("write_batch", arrays, _written)
 
 
-def complete(*, id: str, attempt: int, status: str, output: str | None, error: str | None) -> Call[bool]:
-    return Call("complete", {"id": id, "attempt": attempt, "status": status, "output": output,
-                             "error": error}, bool)
-
-
-def heartbeat(*, owner: str, lease: float) -> Call[dict[str, Any]]:
-    return Call("heartbeat", {"owner": owner, "lease": lease}, _pairs)
+def heartbeat(*, owner: str, lease: float, ids: list[str]) -> Call[dict[str, Any]]:
+    return Call("heartbeat", {"owner": owner, "lease": lease, "ids": ids}, _pairs)
 
 
 def release(*, owner: str, ids: list[str]) -> Call[list[Any]]:

@@ -15,15 +15,15 @@ import random
 import signal
 import socket
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import sql
 
 from . import failures, store
+from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost
 
@@ -44,7 +44,6 @@ _CLAIM_BATCH = 64
 class Running:
     claimed: store.Claimed
     context: ExecutionContext
-    since: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
 
 
@@ -65,6 +64,8 @@ class Worker:
         self.running: dict[str, Running] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
+        self._batcher: WriteBatcher | None = None
+        self._next_queue = 0
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pgdurable-workflow")
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -87,7 +88,9 @@ class Worker:
     async def run(self, *, handle_signals: bool = False) -> None:
         """Work until ``stop()`` (or SIGTERM/SIGINT when ``handle_signals``), then shut down gracefully."""
         self.loop = asyncio.get_running_loop()
-        self._pool = await self.app.db.async_pool(size=min(self.concurrency, 16) + 2)
+        self._pool = await self.app.db.async_pool(size=4)
+        self._batcher = WriteBatcher(self.app.db.aconnect)
+        await self._batcher.start()
         if handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(signum, self.stop)
@@ -133,11 +136,14 @@ class Worker:
                 running.context.lost = True  # sync workflows stop at their next checkpoint
                 if running.task is not None and running.claimed.name in self._async_names():
                     running.task.cancel()
-            released = await self._run(store.release(owner=self.id, ids=[r.claimed.id for r in leftover]))
+            assert self._batcher is not None  # on the writer's connection: never races a batch on these rows
+            released = await self._batcher.run(store.release(owner=self.id, ids=[r.claimed.id for r in leftover]))
             log.info("worker %s: released %d unfinished executions to the queue", self.id, len(released))
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if self._batcher is not None:
+            await self._batcher.close()
         if self.claims:
             await self._run(store.deregister_worker(self.id))
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -161,9 +167,12 @@ class Worker:
             free = self.concurrency - len(self.running)
             limit = min(free, _CLAIM_BATCH)
             if limit > 0:
+                # One queue per claim (equality keeps the claim an ordered index scan); take turns.
+                queue = self.queues[self._next_queue % len(self.queues)]
+                self._next_queue += 1
                 try:
                     claimed = await self._run(store.claim(
-                        queues=self.queues, names=self.names, owner=self.id, lease=lease, limit=limit))
+                        queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit))
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", self.id)
                     await asyncio.sleep(1.0)
@@ -172,6 +181,8 @@ class Worker:
                     await self._launch(claimed)
                     if len(claimed) == limit:
                         continue  # there may be more waiting
+                if len(self.queues) > 1 and self._next_queue % len(self.queues):
+                    continue  # look at the other queues before sleeping
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
 
@@ -183,10 +194,10 @@ class Worker:
 
     def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep]) -> asyncio.Task[None]:
         """Run an execution this worker owns (claimed, or started in-process by App.start)."""
-        assert self.loop is not None
+        assert self.loop is not None and self._batcher is not None
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
-            serializer=self.app.serializer, write=self._run, loop=self.loop)
+            serializer=self.app.serializer, batcher=self._batcher, loop=self.loop)
         running = Running(claimed, context)
         self.running[claimed.id] = running
         running.task = asyncio.create_task(self._execute(running), name=f"pgdurable:{claimed.id}")
@@ -217,8 +228,8 @@ class Worker:
                 if context.lost:
                     return
                 status, output, error = "failed", None, json.dumps(failures.describe(exc))
-            if await self._run(store.complete(id=claimed.id, attempt=claimed.attempt, status=status,
-                                              output=output, error=error)):
+            assert self._batcher is not None
+            if await self._batcher.submit(Completion(claimed.id, claimed.attempt, status, output, error)):
                 return
             log.warning("execution %s attempt %d: finished, but its lease was lost; result discarded",
                         claimed.id, claimed.attempt)
@@ -252,16 +263,18 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
+            assert self._batcher is not None
+            held = {execution_id: r for execution_id, r in self.running.items() if not r.context.lost}
             try:
-                sent = time.monotonic()
-                owned = await self._run(store.heartbeat(owner=self.id, lease=self.settings.lease_seconds))
+                owned = await self._batcher.run(store.heartbeat(
+                    owner=self.id, lease=self.settings.lease_seconds, ids=list(held)))
                 if self.claims:
                     await self._run(store.worker_heartbeat(self.id))
             except Exception as exc:
                 log.warning("worker %s: heartbeat failed (%s)", self.id, exc)
                 continue
-            for execution_id, running in list(self.running.items()):
-                if running.since < sent and owned.get(execution_id) != running.claimed.attempt:
+            for execution_id, running in held.items():
+                if owned.get(execution_id) != running.claimed.attempt and not running.context.lost:
                     self._abandon(running)
 
     def _abandon(self, running: Running) -> None:

@@ -44,8 +44,11 @@ CREATE INDEX workflow_executions_lease_idx
 CREATE INDEX workflow_executions_created_idx ON workflow_executions (created_at);
 
 -- One row per completed step of an execution: its recorded output or error. Written once.
+-- No foreign key on purpose: every insert already joins the execution row to check ownership (fencing),
+-- and a per-row FK check would double that work on the hottest path. Deleting an execution deletes its
+-- steps explicitly.
 CREATE TABLE operation_outputs (
-    execution_id    text        NOT NULL REFERENCES workflow_executions (id) ON DELETE CASCADE,
+    execution_id    text        NOT NULL,
     step_id         integer     NOT NULL,
     step_name       text        NOT NULL,
     output          jsonb,
@@ -85,10 +88,21 @@ BEGIN
 END;
 $$;
 
+-- Inserts notify once per statement and queue, so a bulk enqueue of thousands of rows sends one NOTIFY.
+CREATE FUNCTION notify_enqueued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '_work', queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued') AS queues;
+    RETURN NULL;
+END;
+$$;
+
 CREATE TRIGGER workflow_executions_notify_insert
     AFTER INSERT ON workflow_executions
-    FOR EACH ROW WHEN (NEW.status <> 'running')
-    EXECUTE FUNCTION notify_execution_change();
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION notify_enqueued();
 
 CREATE TRIGGER workflow_executions_notify_update
     AFTER UPDATE OF status ON workflow_executions

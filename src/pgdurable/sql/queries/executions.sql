@@ -31,13 +31,15 @@ SELECT id, name, false, attempt, input FROM workflow_executions
 WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 
 -- name: claim
--- Take up to %(limit)s runnable executions: mark them running, owned by this worker, with a fresh lease and
--- a new attempt number (the fencing token). SKIP LOCKED lets concurrent workers claim different rows.
+-- Take up to %(limit)s runnable executions of one queue: mark them running, owned by this worker, with a
+-- fresh lease and a new attempt number (the fencing token). Equality on the queue lets the scan follow
+-- workflow_executions_claim_idx in order and stop after LIMIT rows, however long the backlog is.
+-- SKIP LOCKED lets concurrent workers claim different rows.
 WITH picked AS (
     SELECT id
     FROM workflow_executions
     WHERE status = 'enqueued'
-      AND queue = ANY (%(queues)s)
+      AND queue = %(queue)s
       AND name = ANY (%(names)s)
       AND available_at <= now()
     ORDER BY priority, created_at
@@ -61,35 +63,55 @@ FROM operation_outputs
 WHERE execution_id = ANY (%(ids)s)
 ORDER BY execution_id, step_id;
 
--- name: record_step
--- Record a step once, only while the writer still owns the current attempt. FOR SHARE holds the
--- execution row against a concurrent sweep/claim until this commits, so a new owner never misses it.
-WITH owned AS (
-    SELECT id FROM workflow_executions
-    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
-    FOR SHARE
+-- name: write_batch
+-- A worker's group commit: the step checkpoints and completions of many executions in one statement.
+-- Each row is written only while its writer still owns the execution's current attempt (fencing).
+-- FOR SHARE holds the execution rows of new checkpoints until this commits, so a concurrent sweep or
+-- claim waits, and a new owner never loads the steps without this batch's rows.
+WITH steps AS (
+    SELECT * FROM unnest(%(s_ids)s::text[], %(s_attempts)s::int[], %(s_step_ids)s::int[],
+                         %(s_names)s::text[], %(s_outputs)s::text[], %(s_errors)s::text[],
+                         %(s_tries)s::int[], %(s_started)s::timestamptz[])
+        AS s (execution_id, attempt, step_id, step_name, output, error, tries, started_at)
+),
+owned AS (
+    SELECT s.*
+    FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
+    WHERE e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
+    ORDER BY e.id
+    FOR SHARE OF e
+),
+recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at)
+    SELECT execution_id, step_id, step_name, output::jsonb, error::jsonb, tries, attempt, started_at
+    FROM owned
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING execution_id, step_id
+),
+finished AS (
+    SELECT * FROM unnest(%(c_ids)s::text[], %(c_attempts)s::int[], %(c_statuses)s::text[],
+                         %(c_outputs)s::text[], %(c_errors)s::text[])
+        AS c (id, attempt, status, output, error)
+),
+completed AS (
+    UPDATE workflow_executions e
+    SET status = f.status, output = f.output::jsonb, error = f.error::jsonb,
+        owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
+    FROM finished f
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+    RETURNING e.id
 )
-INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                               recorded_by_attempt, started_at)
-SELECT owned.id, %(step_id)s, %(step_name)s, %(output)s::jsonb, %(error)s::jsonb, %(attempts)s,
-       %(attempt)s, %(started_at)s
-FROM owned
-ON CONFLICT (execution_id, step_id) DO NOTHING
-RETURNING step_id;
-
--- name: complete
--- Finish an execution, only while the writer still owns the current attempt.
-UPDATE workflow_executions
-SET status = %(status)s, output = %(output)s::jsonb, error = %(error)s::jsonb,
-    owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
-RETURNING id;
+SELECT execution_id, step_id FROM recorded
+UNION ALL
+SELECT id, NULL FROM completed;
 
 -- name: heartbeat
--- Extend the leases this worker still holds; the rows returned are what it still owns.
+-- Extend the leases of the executions this worker is running; the rows returned are what it still owns.
+-- An execution it gave up on locally is left out, so its lease runs out and another worker retries it.
 UPDATE workflow_executions
 SET lease_expires = now() + make_interval(secs => %(lease)s)
-WHERE owner_id = %(owner)s AND status = 'running'
+WHERE owner_id = %(owner)s AND status = 'running' AND id = ANY (%(ids)s)
 RETURNING id, attempt;
 
 -- name: release
