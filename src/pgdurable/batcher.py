@@ -125,14 +125,21 @@ class WriteBatcher:
                 await self._flush(batch)
 
     async def _flush(self, batch: list[tuple[Write, Waiter]]) -> None:
-        call = _batch_call([write for write, _ in batch])
+        calls = _batch_calls([write for write, _ in batch])
         written: set[tuple[str, int | None]] = set()
         failure: BaseException | None = None
         for attempt in range(1, _FLUSH_ATTEMPTS + 1):
             try:
                 async with self._conn_lock:
                     conn = await self._connection()
-                    written = await store.arun(conn, call)
+                    if len(calls) == 1:
+                        written = await store.arun(conn, calls[0])
+                    else:  # both kinds: one transaction, so still one commit
+                        async with conn.transaction():
+                            written = set()
+                            for call in calls:
+                                rows: set[tuple[str, int | None]] = await store.arun(conn, call)
+                                written.update(rows)
                 failure = None
                 break
             except psycopg.Error as exc:
@@ -165,14 +172,19 @@ def _resolve(waiter: Waiter, ok: bool) -> None:
         waiter.set_result(ok)
 
 
-def _batch_call(writes: list[Write]) -> store.Call[set[tuple[str, int | None]]]:
+def _batch_calls(writes: list[Write]) -> list[store.Call[set[tuple[str, int | None]]]]:
     steps = [w for w in writes if isinstance(w, StepWrite)]
     done = [w for w in writes if isinstance(w, Completion)]
-    return store.write_batch(
-        s_ids=[w.execution_id for w in steps], s_attempts=[w.attempt for w in steps],
-        s_step_ids=[w.step_id for w in steps], s_names=[w.step_name for w in steps],
-        s_outputs=[w.output for w in steps], s_errors=[w.error for w in steps],
-        s_tries=[w.tries for w in steps], s_started=[w.started_at for w in steps],
-        c_ids=[w.execution_id for w in done], c_attempts=[w.attempt for w in done],
-        c_statuses=[w.status for w in done], c_outputs=[w.output for w in done],
-        c_errors=[w.error for w in done])
+    calls = []
+    if steps:
+        calls.append(store.write_steps(
+            s_ids=[w.execution_id for w in steps], s_attempts=[w.attempt for w in steps],
+            s_step_ids=[w.step_id for w in steps], s_names=[w.step_name for w in steps],
+            s_outputs=[w.output for w in steps], s_errors=[w.error for w in steps],
+            s_tries=[w.tries for w in steps], s_started=[w.started_at for w in steps]))
+    if done:
+        calls.append(store.write_completions(
+            c_ids=[w.execution_id for w in done], c_attempts=[w.attempt for w in done],
+            c_statuses=[w.status for w in done], c_outputs=[w.output for w in done],
+            c_errors=[w.error for w in done]))
+    return calls

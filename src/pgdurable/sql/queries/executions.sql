@@ -63,11 +63,11 @@ FROM operation_outputs
 WHERE execution_id = ANY (%(ids)s)
 ORDER BY execution_id, step_id;
 
--- name: write_batch
--- A worker's group commit: the step checkpoints and completions of many executions in one statement.
--- Each row is written only while its writer still owns the execution's current attempt (fencing).
--- FOR SHARE holds the execution rows of new checkpoints until this commits, so a concurrent sweep or
--- claim waits, and a new owner never loads the steps without this batch's rows.
+-- name: write_steps
+-- A worker's group commit of step checkpoints: many executions' steps in one statement, each written only
+-- while its writer still owns the execution's current attempt (fencing). FOR SHARE holds those execution
+-- rows until this commits, so a concurrent sweep or claim waits, and a new owner never loads the steps
+-- without this batch's rows.
 WITH steps AS (
     SELECT * FROM unnest(%(s_ids)s::text[], %(s_attempts)s::int[], %(s_step_ids)s::int[],
                          %(s_names)s::text[], %(s_outputs)s::text[], %(s_errors)s::text[],
@@ -80,31 +80,27 @@ owned AS (
     WHERE e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
     ORDER BY e.id
     FOR SHARE OF e
-),
-recorded AS (
-    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT execution_id, step_id, step_name, output::jsonb, error::jsonb, tries, attempt, started_at
-    FROM owned
-    ON CONFLICT (execution_id, step_id) DO NOTHING
-    RETURNING execution_id, step_id
-),
-finished AS (
+)
+INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                               recorded_by_attempt, started_at)
+SELECT execution_id, step_id, step_name, output::jsonb, error::jsonb, tries, attempt, started_at
+FROM owned
+ON CONFLICT (execution_id, step_id) DO NOTHING
+RETURNING execution_id, step_id;
+
+-- name: write_completions
+-- A worker's group commit of finished executions, each only while its writer still owns the attempt.
+WITH finished AS (
     SELECT * FROM unnest(%(c_ids)s::text[], %(c_attempts)s::int[], %(c_statuses)s::text[],
                          %(c_outputs)s::text[], %(c_errors)s::text[])
         AS c (id, attempt, status, output, error)
-),
-completed AS (
-    UPDATE workflow_executions e
-    SET status = f.status, output = f.output::jsonb, error = f.error::jsonb,
-        owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
-    FROM finished f
-    WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
-    RETURNING e.id
 )
-SELECT execution_id, step_id FROM recorded
-UNION ALL
-SELECT id, NULL FROM completed;
+UPDATE workflow_executions e
+SET status = f.status, output = f.output::jsonb, error = f.error::jsonb,
+    owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
+FROM finished f
+WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+RETURNING e.id, NULL::int;
 
 -- name: heartbeat
 -- Extend the leases of the executions this worker is running; the rows returned are what it still owns.
