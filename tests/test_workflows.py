@@ -497,3 +497,40 @@ def test_sync_step_in_async_workflow_fails_with_guidance(app: pgdurable.App,
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed, match="async def"):
         app.enqueue(mixed).result(timeout=10)
+
+
+def test_enqueue_many_is_atomic_and_idempotent(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.workflow()
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    @app.workflow()
+    def other() -> None:
+        pass
+
+    handles = app.enqueue_many(add, [(1, 2), {"a": 5}, (3,)], workflow_ids=["m1", "m2", "m3"])
+    again = app.enqueue_many(add, [(1, 2)], workflow_ids=["m1"])  # same id: the same execution
+    app.enqueue(other, workflow_id="taken")
+    with pytest.raises(pgdurable.WorkflowIdConflict, match="taken"):
+        app.enqueue_many(add, [(1,), (2,)], workflow_ids=["m4", "taken"])
+    assert app.get("m4") is None  # all or nothing
+    with pytest.raises(pgdurable.SerializationError):
+        app.enqueue_many(add, [(1,), (object(),)])
+    many = app.enqueue_many(add, [(i, i) for i in range(12000)])  # several statements, one transaction
+    start_worker(app, concurrency=64)
+    assert [h.result(timeout=10) for h in handles] == [3, 5, 3]
+    assert again[0].result(timeout=10) == 3
+    assert many[-1].result(timeout=60) == 2 * 11999
+    counts = execute(app, "SELECT status, count(*) FROM workflow_executions WHERE name = 'add' GROUP BY 1")
+    assert len(many) == 12000
+    assert dict(counts)["succeeded"] + dict(counts).get("running", 0) + dict(counts).get("enqueued", 0) == 12003
+
+
+async def test_enqueue_many_async(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.workflow()
+    async def square(x: int) -> int:
+        return x * x
+
+    handles = await app.enqueue_many_async(square, [(i,) for i in range(5)])
+    start_worker(app)
+    assert [await h.result_async(timeout=10) for h in handles] == [0, 1, 4, 9, 16]

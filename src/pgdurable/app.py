@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
 
 from . import store
@@ -110,6 +110,69 @@ class App:
                                         max_recoveries)
         return self._handle(await self.db.arun(call), call, hint)
 
+    def enqueue_many(self, workflow: Workflow[..., R], arguments: Iterable[tuple[Any, ...] | dict[str, Any]], *,
+                     workflow_ids: Sequence[str] | None = None, queue: str | None = None,
+                     priority: int | None = None, delay: float = 0.0) -> list[WorkflowHandle[R]]:
+        """Enqueue many executions of one workflow in one transaction: all of them or none.
+
+        Each item of ``arguments`` is a tuple of positional arguments or a dict of keyword arguments.
+        ``workflow_ids``, when given, are idempotency keys as in ``enqueue``.
+        """
+        batch = self._bulk(workflow, arguments, workflow_ids, queue, priority, delay)
+        with self.db.pool.connection() as conn, conn.transaction():
+            created: set[str] = set()
+            for call in batch.calls:
+                rows: set[str] = store.run(conn, call)
+                created.update(rows)
+            missing = batch.missing(created)
+            existing = store.run(conn, store.names_of(missing)) if missing else {}
+            return batch.handles(self, existing)  # inside the transaction: a clash rolls everything back
+
+    async def enqueue_many_async(self, workflow: Workflow[..., R],
+                                 arguments: Iterable[tuple[Any, ...] | dict[str, Any]], *,
+                                 workflow_ids: Sequence[str] | None = None, queue: str | None = None,
+                                 priority: int | None = None, delay: float = 0.0) -> list[WorkflowHandle[R]]:
+        batch = self._bulk(workflow, arguments, workflow_ids, queue, priority, delay)
+        pool = await self.db.async_pool()
+        async with pool.connection() as conn, conn.transaction():
+            created: set[str] = set()
+            for call in batch.calls:
+                rows: set[str] = await store.arun(conn, call)
+                created.update(rows)
+            missing = batch.missing(created)
+            existing = await store.arun(conn, store.names_of(missing)) if missing else {}
+            return batch.handles(self, existing)
+
+    def _bulk(self, workflow: Workflow[..., Any], arguments: Iterable[tuple[Any, ...] | dict[str, Any]],
+              workflow_ids: Sequence[str] | None, queue: str | None, priority: int | None,
+              delay: float) -> _Bulk:
+        definition = self._resolve(workflow)
+        if definition is None:
+            raise TypeError("enqueue_many takes a workflow registered on this App")
+        if delay < 0:
+            raise ValueError("delay must be >= 0 seconds")
+        bound = [self._bind(definition, *_split(item)) for item in arguments]
+        ids = list(workflow_ids) if workflow_ids is not None else [str(uuid.uuid4()) for _ in bound]
+        if len(ids) != len(bound):
+            raise ValueError(f"{len(ids)} workflow_ids for {len(bound)} argument sets")
+        if len(set(ids)) != len(ids):
+            raise ValueError("workflow_ids must be distinct")
+        calls = []
+        for i in range(0, len(ids), _BULK_CHUNK):
+            chunk = list(zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True))
+            try:
+                rows = self.serializer.dumps(chunk)  # one encoder call for the whole chunk
+            except SerializationError:
+                for _, arguments_of_one in chunk:  # name the argument that cannot be stored
+                    self._encode_bound(definition, arguments_of_one)
+                raise
+            calls.append(store.enqueue_many(
+                rows=rows, name=definition.name, queue=queue or definition.queue,
+                priority=definition.priority if priority is None else priority,
+                max_recoveries=self.settings.max_recoveries if definition.max_recoveries is None
+                else definition.max_recoveries, delay=delay))
+        return _Bulk(definition, ids, calls)
+
     def _enqueue_call(self, workflow: Workflow[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       workflow_id: str | None, queue: str | None, priority: int | None, delay: float,
                       max_recoveries: int | None) -> tuple[store.Call[store.Enqueued | None], Any]:
@@ -138,10 +201,16 @@ class App:
 
     def _encode_arguments(self, workflow: Workflow[..., Any], args: tuple[Any, ...],
                           kwargs: dict[str, Any]) -> str:
+        return self._encode_bound(workflow, self._bind(workflow, args, kwargs))
+
+    @staticmethod
+    def _bind(workflow: Workflow[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
-            bound = workflow.signature.bind(args, kwargs)
+            return workflow.signature.bind(args, kwargs)
         except TypeError as exc:
             raise TypeError(f"arguments do not fit workflow {workflow.name!r}: {exc}") from None
+
+    def _encode_bound(self, workflow: Workflow[..., Any], bound: dict[str, Any]) -> str:
         try:
             return self.serializer.dumps(bound)
         except SerializationError:
@@ -260,6 +329,36 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_BULK_CHUNK = 5000
+
+
+def _split(item: tuple[Any, ...] | dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(item, dict):
+        return (), item
+    if isinstance(item, tuple):
+        return item, {}
+    raise TypeError(f"enqueue_many takes tuples of positional arguments or dicts of keyword arguments, "
+                    f"got {type(item).__name__}")
+
+
+class _Bulk:
+    """The statements of one enqueue_many, and how to turn their outcome into handles."""
+
+    def __init__(self, workflow: Workflow[..., Any], ids: list[str], calls: list[store.Call[set[str]]]) -> None:
+        self.workflow, self.ids, self.calls = workflow, ids, calls
+
+    def missing(self, created: set[str]) -> list[str]:
+        return [i for i in self.ids if i not in created] if len(created) != len(self.ids) else []
+
+    def handles(self, app: App, existing: dict[str, Any]) -> list[WorkflowHandle[Any]]:
+        clashes = {i: name for i, name in existing.items() if name != self.workflow.name}
+        if clashes:
+            some = ", ".join(f"{i!r} ({name})" for i, name in list(clashes.items())[:5])
+            raise WorkflowIdConflict(f"{len(clashes)} workflow ids already belong to other workflows: {some}")
+        hint = self.workflow.signature.return_hint
+        return [WorkflowHandle(app, i, hint) for i in self.ids]
 
 
 class _LocalRuntime:

@@ -167,6 +167,18 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
                             "max_recoveries": max_recoveries, "delay": delay}, _enqueued)
 
 
+def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
+                 delay: float) -> Call[set[str]]:
+    """``rows``: a JSON array of [id, input] pairs."""
+    return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
+                                 "max_recoveries": max_recoveries, "delay": delay},
+                lambda found: {row[0] for row in found})
+
+
+def names_of(ids: list[str]) -> Call[dict[str, Any]]:
+    return Call("names_of", {"ids": ids}, _pairs)
+
+
 def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
                 owner: str, lease: float) -> Call[tuple[Any, ...] | None]:
     return Call("start_owned", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,

@@ -10,6 +10,9 @@ CREATE TABLE workflow_executions (
     status          text        NOT NULL DEFAULT 'enqueued'
                                 CHECK (status IN ('enqueued', 'running', 'succeeded', 'failed', 'cancelled')),
     priority        integer     NOT NULL DEFAULT 0,
+    -- Enqueue order, the tiebreaker after priority (many rows share one created_at: a bulk enqueue's
+    -- transaction time).
+    seq             bigint      GENERATED ALWAYS AS IDENTITY,
     input           jsonb       NOT NULL DEFAULT '{}',
     output          jsonb,
     error           jsonb,
@@ -30,9 +33,9 @@ CREATE TABLE workflow_executions (
     CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL))
 ) WITH (fillfactor = 70);
 
--- The claim path: the oldest, most urgent enqueued executions of a queue.
+-- The claim path: the most urgent, then oldest, enqueued executions of a queue.
 CREATE INDEX workflow_executions_claim_idx
-    ON workflow_executions (queue, priority, created_at)
+    ON workflow_executions (queue, priority, seq)
     WHERE status = 'enqueued';
 
 -- The sweeper: running executions by lease expiry.

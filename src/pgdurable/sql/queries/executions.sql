@@ -15,6 +15,21 @@ UNION ALL
 SELECT id, name, false FROM workflow_executions
 WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 
+-- name: enqueue_many
+-- Bulk enqueue of one workflow: %(rows)s is one JSON array of [id, input] pairs (one parameter, parsed by
+-- the server, is far cheaper than two long arrays). Existing ids are left alone (idempotent); the ids
+-- returned are the ones this statement created.
+INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at)
+SELECT r.pair ->> 0, %(name)s, %(queue)s, %(priority)s, r.pair -> 1, %(max_recoveries)s,
+       now() + make_interval(secs => %(delay)s)
+FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (pair, n)
+ORDER BY r.n
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: names_of
+SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
+
 -- name: start_owned
 -- Insert an execution already claimed by this process (App.start runs it in-process).
 WITH inserted AS (
@@ -42,7 +57,7 @@ WITH picked AS (
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
       AND available_at <= now()
-    ORDER BY priority, created_at
+    ORDER BY priority, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
