@@ -113,6 +113,7 @@ def migrate(database_url: DatabaseUrl = None, schema: Schema = None) -> None:
     """Create or upgrade pgdurable's schema (also done automatically on first use)."""
     app = App(database_url, schema=schema, auto_migrate=False)
     applied = app.migrate()
+    app.close()
     console.print(f"schema {app.schema}: " + (f"applied {applied}" if applied else "already up to date"))
 
 
@@ -125,7 +126,8 @@ def list_workflows(
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
     """List executions, newest first."""
-    executions = _app(database_url, schema).list_workflows(status=status, name=name, queue=queue, limit=limit)
+    with _app(database_url, schema) as app:
+        executions = app.list_workflows(status=status, name=name, queue=queue, limit=limit)
     if as_json:
         print(json.dumps([_execution_dict(e) for e in executions], indent=2))
         return
@@ -141,12 +143,12 @@ def list_workflows(
 def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                   as_json: AsJson = False) -> None:
     """Show one execution and every recorded step with its timing."""
-    app = _app(database_url, schema)
-    execution = app.get(workflow_id)
+    with _app(database_url, schema) as app:
+        execution = app.get(workflow_id)
+        steps = app.steps(workflow_id)
     if execution is None:
         console.print(f"[red]no execution with id {workflow_id}[/red]")
         raise typer.Exit(1)
-    steps = app.steps(workflow_id)
     if as_json:
         print(json.dumps({**_execution_dict(execution), "steps": [_step_dict(s) for s in steps]}, indent=2))
         return
@@ -179,7 +181,8 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
 def cancel_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                     as_json: AsJson = False) -> None:
     """Cancel an enqueued or running execution (a running one stops at its next step)."""
-    done = _app(database_url, schema).cancel(workflow_id)
+    with _app(database_url, schema) as app:
+        done = app.cancel(workflow_id)
     _report(as_json, workflow_id, "cancelled", done, "is not enqueued or running")
 
 
@@ -187,7 +190,8 @@ def cancel_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: 
 def resume_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                     as_json: AsJson = False) -> None:
     """Re-enqueue a failed or cancelled execution; completed steps are kept, the failed step runs again."""
-    done = _app(database_url, schema).resume(workflow_id)
+    with _app(database_url, schema) as app:
+        done = app.resume(workflow_id)
     _report(as_json, workflow_id, "resumed", done, "is not failed or cancelled")
 
 
@@ -205,9 +209,9 @@ def _report(as_json: bool, workflow_id: str, verb: str, done: bool, why_not: str
 @cli.command()
 def workers(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
     """Live workers, and enqueued executions that no live worker can run."""
-    app = _app(database_url, schema)
-    rows = app.db.run(store.list_workers())
-    stuck = app.db.run(store.list_unrunnable(100))
+    with _app(database_url, schema) as app:
+        rows = app.db.run(store.list_workers())
+        stuck = app.db.run(store.list_unrunnable(100))
     if as_json:
         keys = ("id", "hostname", "pid", "queues", "workflows", "concurrency", "started_at", "heartbeat_at",
                 "alive")
