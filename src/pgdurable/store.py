@@ -25,17 +25,15 @@ class Call(Generic[T]):
     name: str
     params: Mapping[str, Any]
     read: Callable[[Rows], T]
-    # Binary parameters and results: much cheaper for the arrays of the batched writes.
-    binary: bool = False
 
 
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
-    cur = conn.execute(query(call.name), call.params, binary=call.binary)
+    cur = conn.execute(query(call.name), call.params)
     return call.read(cur.fetchall() if cur.description else [])
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
-    cur = await conn.execute(query(call.name), call.params, binary=call.binary)
+    cur = await conn.execute(query(call.name), call.params)
     return call.read(await cur.fetchall() if cur.description else [])
 
 
@@ -195,14 +193,14 @@ def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
     return Call("load_steps", {"ids": ids}, _recorded_steps)
 
 
-def write_steps(**arrays: list[Any]) -> Call[set[tuple[str, int | None]]]:
-    """Step checkpoints as parallel s_* arrays; returns (execution_id, step_id) of the rows written."""
-    return Call("write_steps", arrays, _written, binary=True)
+def write_steps(rows: str) -> Call[set[tuple[str, int | None]]]:
+    """Step checkpoints as one JSON array; returns (execution_id, step_id) of the rows written."""
+    return Call("write_steps", {"rows": rows}, _written)
 
 
-def write_completions(**arrays: list[Any]) -> Call[set[tuple[str, int | None]]]:
-    """Completions as parallel c_* arrays; returns (execution_id, None) of the executions finished."""
-    return Call("write_completions", arrays, _written, binary=True)
+def write_completions(rows: str) -> Call[set[tuple[str, int | None]]]:
+    """Completions as one JSON array; returns (execution_id, None) of the executions finished."""
+    return Call("write_completions", {"rows": rows}, _written)
 
 
 def heartbeat(*, owner: str, lease: float, ids: list[str]) -> Call[dict[str, Any]]:

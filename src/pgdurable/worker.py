@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import socket
+import time
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,8 @@ T = TypeVar("T")
 
 # Claim at most this many executions per round trip.
 _CLAIM_BATCH = 64
+# How long a busy worker holds off claiming while only a few of its slots are free.
+_CLAIM_DEFER_SECONDS = 0.005
 
 
 @dataclass
@@ -161,11 +164,22 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         lease = self.settings.lease_seconds
+        # Under load, claim in batches: with few slots free, wait a moment for more to free up.
+        batch_floor = max(1, self.concurrency // 4)
+        deferred_since: float | None = None
         while not self._stop.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
             free = self.concurrency - len(self.running)
             limit = min(free, _CLAIM_BATCH)
+            if 0 < limit < batch_floor and self.running:
+                now = time.monotonic()
+                deferred_since = deferred_since or now
+                if now - deferred_since < _CLAIM_DEFER_SECONDS:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), _CLAIM_DEFER_SECONDS)
+                    continue
+            deferred_since = None
             if limit > 0:
                 # One queue per claim (equality keeps the claim an ordered index scan); take turns.
                 queue = self.queues[self._next_queue % len(self.queues)]
