@@ -1,25 +1,35 @@
 """pgdurable throughput benchmark, to read beside the anchors in ../shared/anchors (DBOS Transact, pgqueuer).
 
   A  N queued workflows of three trivial steps (add_one), run by ONE worker process
-     (`python -m pgdurable worker bench.throughput:app`); this process only enqueues and waits.
-     workflows/s and steps/s from the first enqueue to the last result; enqueue->start latency as seen by
-     the workflow body (time.time() in the workflow minus time.time() just before enqueue, both processes on
-     this machine). Like dbos_queue.py.
+     (`python -m pgdurable worker bench.throughput:app`); this process only enqueues (app.enqueue, one at a
+     time, from --enqueue-threads K threads; default 1 as in dbos_queue.py) and waits. workflows/s and
+     steps/s from the first enqueue to the last result; enqueue->start latency as seen by the workflow body
+     (time.time() in the workflow minus time.time() just before enqueue, both processes on this machine).
   B  one workflow of S sequential steps, run in this process with app.start: ms/step. Like dbos_steps.py.
   C  enqueue->result round trip of a one-step workflow through the worker, R times in a row: p50, max.
      Like the second half of dbos_steps.py.
-  D  J workflows without steps (plain background jobs): enqueued first, then drained by one fresh worker
-     process: jobs/s from its first claim to the last completion. Like pgqueuer_jobs.py.
+  D  J workflows without steps (plain background jobs), enqueued first with app.enqueue_many in batches of
+     1000 (as pgqueuer_jobs.py does), then drained by one fresh worker process: jobs/s from its first claim
+     to the last completion (database timestamps). Like pgqueuer_jobs.py. The one-at-a-time app.enqueue rate
+     is measured separately on a few jobs sent to a queue no worker serves.
+  E  bulk enqueue rate: app.enqueue_many of step-less workflows, in calls of 10,000, no worker running.
+  F  worker capacity: N three-step workflows enqueued with enqueue_many BEFORE the worker starts, then
+     drained by one worker process: workflows/s and steps/s from the first claim to the last completion.
+  L  latency at light load: one one-step workflow every 20 ms (open loop), through the worker of A and C:
+     enqueue->start p50/p99 (as in A) and enqueue->result round trip p50/p99 (a second thread waits on the
+     results).
 
 Every run uses a fresh schema (dropped at the end) in a benchmark database that is created if missing.
 
 Usage, from the repository root:
-    .venv/bin/python bench/throughput.py [N] [-c CONCURRENCY] [--kind sync|async] [--parts ABCD]
-        [--steps S] [--roundtrips R] [--jobs J] [--url URL] [--schema NAME] [--py-spy FILE]
+    .venv/bin/python bench/throughput.py [N] [-c CONCURRENCY] [--kind sync|async] [--parts ABCDEFL]
+        [--enqueue-threads K] [--steps S] [--roundtrips R] [--jobs J] [--bulk B] [--backlog F]
+        [--latency-n L] [--url URL] [--schema NAME] [--results FILE] [--py-spy FILE]
     env: PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench)
 
 The worker processes import this file as the module ``bench.throughput`` and serve its ``app``, configured
-from PGDURABLE_BENCH_URL and PGDURABLE_BENCH_SCHEMA, which this script sets for them.
+from PGDURABLE_BENCH_URL and PGDURABLE_BENCH_SCHEMA, which this script sets for them. bench/scale.py and
+bench/memory.py reuse its workflows and helpers.
 """
 
 from __future__ import annotations

@@ -1,17 +1,24 @@
 """Group commit for one worker: the checkpoints and completions of all its running executions, written
-together in one statement on one connection.
+together in one statement.
 
-While a write is in flight, new ones queue up and go out together in the next statement, so a lone
-workflow pays one round trip per step and a busy worker pays one commit for many steps. Heartbeats run on
-the same connection between batches: the worker's writes to its own rows never race each other.
+While a batch is in flight, new writes queue up and go out together in the next one, so a lone workflow
+pays one round trip per step and a busy worker pays one commit for many steps. Exactly one batch runs at a
+time, and the worker's other statements on its own rows (heartbeats, release) go through the same queue,
+so those writes never race each other (no lock-order deadlocks between them).
+
+Who runs a batch: when a workflow thread finds the writer idle, it runs the batch itself on a sync
+connection (no hop to the event loop and back); otherwise the event loop's flusher does, on an async
+connection. Both execute the same ``store.Call`` values.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,42 +57,56 @@ class Completion:
     error: str | None
 
 
+@dataclass(slots=True)
+class Statement:
+    """Any other statement on the worker's own rows (heartbeat, release), run between batches."""
+
+    call: store.Call[Any]
+
+
+Item = StepWrite | Completion | Statement
+
+
 class ThreadWaiter:
     """A one-shot result for a workflow thread: a held lock released by the writer. Much cheaper to wake
     than a concurrent.futures.Future (no condition variable, no callbacks)."""
 
-    __slots__ = ("_lock", "_result")
+    __slots__ = ("_error", "_lock", "_result", "_set")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
-        self._result: bool | None = None
+        self._set = False
+        self._result: Any = None
+        self._error: BaseException | None = None
 
     def done(self) -> bool:
-        return self._result is not None
+        return self._set
 
-    def set_result(self, result: bool) -> None:
-        self._result = result
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        self._result, self._error, self._set = result, error, True
         self._lock.release()
 
-    def result(self) -> bool:
+    def result(self) -> Any:
         self._lock.acquire()
-        assert self._result is not None
+        if self._error is not None:
+            raise self._error
         return self._result
 
 
-Write = StepWrite | Completion
-Waiter = asyncio.Future[bool] | ThreadWaiter
+Waiter = asyncio.Future[Any] | ThreadWaiter
 
 
 class WriteBatcher:
-    def __init__(self, connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]) -> None:
+    def __init__(self, aconnect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+                 connect: Callable[[], psycopg.Connection[Any]]) -> None:
+        self._aconnect = aconnect
         self._connect = connect
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._conn_lock = asyncio.Lock()
-        self._pending: list[tuple[Write, Waiter]] = []
-        self._pending_lock = threading.Lock()
-        self._scheduled = False
+        self._aconn: psycopg.AsyncConnection[Any] | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pending: list[tuple[Item, Waiter]] = []
+        self._lock = threading.Lock()
+        self._busy = False  # a batch is running or the loop's flusher has been told to run one
         self._kick = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -98,113 +119,196 @@ class WriteBatcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._aconn is not None:
+            await self._aconn.close()
         if self._conn is not None:
-            await self._conn.close()
+            self._conn.close()
 
     # -- submitting ---------------------------------------------------------------------------------------
 
-    def submit(self, write: Write) -> asyncio.Future[bool]:
-        """From the event loop: a future that is True once the write committed, False if it was fenced."""
+    def submit(self, write: StepWrite | Completion) -> asyncio.Future[bool]:
+        """From the event loop: True once the write committed, False if it was fenced (or failed)."""
+        return self._submit_on_loop(write)
+
+    async def run(self, call: store.Call[T]) -> T:
+        """Run a statement on the worker's own rows between batches (heartbeat, release)."""
+        result: T = await self._submit_on_loop(Statement(call))
+        return result
+
+    def _submit_on_loop(self, item: Item) -> asyncio.Future[Any]:
         assert self._loop is not None
-        future: asyncio.Future[bool] = self._loop.create_future()
-        if self._enqueue(write, future):
+        future: asyncio.Future[Any] = self._loop.create_future()
+        with self._lock:
+            self._pending.append((item, future))
+            idle, self._busy = not self._busy, True
+        if idle:
             self._kick.set()
         return future
 
-    def submit_threadsafe(self, write: Write) -> ThreadWaiter:
-        """From a workflow thread: wait on ``.result()``. Wakes the loop only when the writer is idle."""
-        assert self._loop is not None
-        future = ThreadWaiter()
-        if self._enqueue(write, future):
-            self._loop.call_soon_threadsafe(self._kick.set)
-        return future
-
-    def _enqueue(self, write: Write, waiter: Waiter) -> bool:
-        """Queue a write; True when the flusher must be woken (it is not already going to look)."""
-        with self._pending_lock:
+    def submit_threadsafe(self, write: StepWrite | Completion) -> ThreadWaiter:
+        """From a workflow thread: wait on ``.result()``. If the writer is idle, this thread runs the batch."""
+        waiter = ThreadWaiter()
+        with self._lock:
             self._pending.append((write, waiter))
-            if self._scheduled:
-                return False
-            self._scheduled = True
-            return True
-
-    async def run(self, call: store.Call[T]) -> T:
-        """Run another statement (a heartbeat) on the writer's connection, between batches."""
-        async with self._conn_lock:
-            conn = await self._connection()
-            return await store.arun(conn, call)
+            idle, self._busy = not self._busy, True
+        if idle:
+            self._lead()
+        return waiter
 
     # -- flushing -----------------------------------------------------------------------------------------
+
+    def _take(self) -> list[tuple[Item, Waiter]]:
+        """The next batch; when there is none, the writer becomes idle. Call with the lock held."""
+        batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
+        if not batch:
+            self._busy = False
+        return batch
+
+    def _lead(self) -> None:
+        """In a workflow thread that found the writer idle: run one batch, hand any rest to the loop."""
+        with self._lock:
+            batch = self._take()
+        if not batch:
+            return
+        plan = _Plan(batch)
+        for attempt in range(1, _FLUSH_ATTEMPTS + 1):
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                plan.execute(self._conn)
+                break
+            except psycopg.Error as exc:
+                plan.failed(exc, attempt)
+                self._conn = None
+                time.sleep(0.2 * attempt)
+        plan.settle(self._loop)
+        with self._lock:
+            more = bool(self._pending)
+            if not more:
+                self._busy = False
+        if more:  # our own write is done: let the loop's flusher carry on with the rest
+            self._call_loop(self._kick.set)
 
     async def _flush_loop(self) -> None:
         while True:
             await self._kick.wait()
             self._kick.clear()
             while True:
-                with self._pending_lock:
-                    batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
-                    if not batch:
-                        self._scheduled = False
-                        break
+                with self._lock:
+                    batch = self._take()
+                if not batch:
+                    break
                 await self._flush(batch)
 
-    async def _flush(self, batch: list[tuple[Write, Waiter]]) -> None:
-        calls = _batch_calls([write for write, _ in batch])
-        written: set[tuple[str, int | None]] = set()
-        failure: BaseException | None = None
+    async def _flush(self, batch: list[tuple[Item, Waiter]]) -> None:
+        plan = _Plan(batch)
         for attempt in range(1, _FLUSH_ATTEMPTS + 1):
             try:
-                async with self._conn_lock:
-                    conn = await self._connection()
-                    if len(calls) == 1:
-                        written = await store.arun(conn, calls[0])
-                    else:  # both kinds: one transaction, so still one commit
-                        async with conn.transaction():
-                            written = set()
-                            for call in calls:
-                                rows: set[tuple[str, int | None]] = await store.arun(conn, call)
-                                written.update(rows)
-                failure = None
+                if self._aconn is None or self._aconn.closed:
+                    self._aconn = await self._aconnect()
+                await plan.aexecute(self._aconn)
                 break
             except psycopg.Error as exc:
-                failure = exc
-                log.warning("write batch of %d failed (attempt %d): %s", len(batch), attempt, exc)
-                await self._drop_connection()
+                plan.failed(exc, attempt)
+                self._aconn = None
                 await asyncio.sleep(0.2 * attempt)
-        for write, waiter in batch:
-            if failure is not None:
-                _resolve(waiter, False)  # the writer stops; the lease runs out and another attempt resumes
-                continue
-            key = (write.execution_id, write.step_id if isinstance(write, StepWrite) else None)
-            _resolve(waiter, key in written)
+        plan.settle(None)
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await self._connect()
-        return self._conn
+    def _call_loop(self, callback: Callable[[], None]) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # a closed loop: the worker is exiting
+            self._loop.call_soon_threadsafe(callback)
 
-    async def _drop_connection(self) -> None:
-        if self._conn is not None:
+
+class _Plan:
+    """One batch: its writes as at most two statements in one transaction, then any other statements."""
+
+    def __init__(self, batch: list[tuple[Item, Waiter]]) -> None:
+        self.batch = batch
+        steps = [_step_row(item) for item, _ in batch if isinstance(item, StepWrite)]
+        done = [_completion_row(item) for item, _ in batch if isinstance(item, Completion)]
+        self.writes: list[store.Call[set[tuple[str, int | None]]]] = []
+        if steps:
+            self.writes.append(store.write_steps("[" + ",".join(steps) + "]"))
+        if done:
+            self.writes.append(store.write_completions("[" + ",".join(done) + "]"))
+        self.statements = [(item, waiter) for item, waiter in batch if isinstance(item, Statement)]
+        self.written: set[tuple[str, int | None]] = set()
+        self.outcomes: dict[int, tuple[Any, BaseException | None]] = {}
+        self.failure: BaseException | None = None
+
+    def execute(self, conn: psycopg.Connection[Any]) -> None:
+        if len(self.writes) > 1:
+            with conn.transaction():  # both kinds: still one commit
+                for call in self.writes:
+                    rows: set[tuple[str, int | None]] = store.run(conn, call)
+                    self.written.update(rows)
+        elif self.writes:
+            self.written = store.run(conn, self.writes[0])
+        for item, waiter in self.statements:
             try:
-                await self._conn.close()
-            finally:
-                self._conn = None
+                self.outcomes[id(waiter)] = (store.run(conn, item.call), None)
+            except psycopg.Error as exc:
+                self.outcomes[id(waiter)] = (None, exc)
+        self.failure = None
+
+    async def aexecute(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if len(self.writes) > 1:
+            async with conn.transaction():
+                for call in self.writes:
+                    rows: set[tuple[str, int | None]] = await store.arun(conn, call)
+                    self.written.update(rows)
+        elif self.writes:
+            self.written = await store.arun(conn, self.writes[0])
+        for item, waiter in self.statements:
+            try:
+                self.outcomes[id(waiter)] = (await store.arun(conn, item.call), None)
+            except psycopg.Error as exc:
+                self.outcomes[id(waiter)] = (None, exc)
+        self.failure = None
+
+    def failed(self, exc: BaseException, attempt: int) -> None:
+        self.failure = exc
+        self.written = set()
+        log.warning("write batch of %d failed (attempt %d of %d): %s", len(self.batch), attempt,
+                    _FLUSH_ATTEMPTS, exc)
+
+    def settle(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Tell every waiter its outcome. ``loop`` is given when settling from a thread other than its own.
+
+        A write that failed outright counts as not written: its workflow stops, its lease runs out, and
+        another attempt resumes it from its checkpoints.
+        """
+        on_loop: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        for item, waiter in self.batch:
+            if isinstance(item, Statement):
+                result, error = self.outcomes.get(id(waiter), (None, self.failure))
+            else:
+                key = (item.execution_id, item.step_id if isinstance(item, StepWrite) else None)
+                result, error = key in self.written, None
+            if isinstance(waiter, ThreadWaiter):
+                waiter.settle(result, error)
+            elif loop is None:
+                _settle_future(waiter, result, error)
+            else:
+                on_loop.append((waiter, result, error))
+        if on_loop and loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: the worker is exiting
+                loop.call_soon_threadsafe(_settle_futures, on_loop)
 
 
-def _resolve(waiter: Waiter, ok: bool) -> None:
-    if not waiter.done():
-        waiter.set_result(ok)
+def _settle_future(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
-def _batch_calls(writes: list[Write]) -> list[store.Call[set[tuple[str, int | None]]]]:
-    steps = [_step_row(w) for w in writes if isinstance(w, StepWrite)]
-    done = [_completion_row(w) for w in writes if isinstance(w, Completion)]
-    calls = []
-    if steps:
-        calls.append(store.write_steps("[" + ",".join(steps) + "]"))
-    if done:
-        calls.append(store.write_completions("[" + ",".join(done) + "]"))
-    return calls
+def _settle_futures(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, error in outcomes:
+        _settle_future(future, result, error)
 
 
 # Outputs and errors are already JSON text: they are spliced in as they are, not parsed and re-encoded.

@@ -14,8 +14,8 @@ import os
 import random
 import signal
 import socket
-import time
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,7 +92,7 @@ class Worker:
         """Work until ``stop()`` (or SIGTERM/SIGINT when ``handle_signals``), then shut down gracefully."""
         self.loop = asyncio.get_running_loop()
         self._pool = await self.app.db.async_pool(size=4)
-        self._batcher = WriteBatcher(self.app.db.aconnect)
+        self._batcher = WriteBatcher(self.app.db.aconnect, self.app.db.connect)
         await self._batcher.start()
         if handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
