@@ -1,0 +1,313 @@
+"""pgdurable scaling benchmark: more worker processes, more concurrency, and a table full of history.
+
+  W  queued three-step workflows/s with 1, 2 and 4 worker processes serving the same queue (concurrency C
+     each). The workers are started first and left idle until all have registered; then the backlog of N
+     workflows is enqueued with ONE app.enqueue_many call, which is one transaction, so every worker sees
+     the whole backlog at the same instant (no worker gets a head start while the others boot). Measured
+     from the first claim to the last completion (database timestamps).
+  K  the same with one worker at concurrency 10, 100 and 1000. Sync workflows run in a thread each, so
+     above --max-threads (default 256) the async flavour is used; the table says which kind each row ran.
+  H  claim cost with H (default 1,000,000) finished executions in the table vs an empty table: the same
+     backlog of step-less jobs is claimed (a) by direct claim statements (the worker's own SQL, LIMIT
+     --claim-limit) timed from here, (b) under EXPLAIN ANALYZE, rolled back (server time only), and (c)
+     drained by one worker process; printed as full/empty ratios (target: within 1.2x). The history is
+     inserted by one INSERT ... SELECT generate_series (status succeeded, completed_at set, with
+     --history-steps operation_outputs rows each), then VACUUM ANALYZE.
+
+Each row starts from empty tables (TRUNCATE) except for the history of H. A fresh schema per run, dropped
+at the end, in the benchmark database (created if missing).
+
+Usage, from the repository root:
+    .venv/bin/python bench/scale.py [-n N] [-c C] [--workers 1,2,4] [--concurrencies 10,100,1000]
+        [--kind sync|async] [--parts WKH] [--history H] [--claim-jobs J] [--url URL] [--results FILE]
+    env: PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable, as the workers do
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.throughput import (
+    JOBS_QUEUE,
+    WORK_QUEUE,
+    Bench,
+    CpuMeter,
+    Pending,
+    Results,
+    WorkerProcess,
+    add_common_arguments,
+    connect,
+    drain_span,
+    drop_schema,
+    enqueue_chunks,
+    execute,
+    pct,
+    setup,
+    step_count,
+)
+from pgdurable import store
+from pgdurable.sqlfiles import query as named_query
+
+RESET = "TRUNCATE workflow_executions, operation_outputs, workers"
+
+
+def drain_row(bench: Bench, args: argparse.Namespace, workers: int, concurrency: int, kind: str,
+              prefix: str) -> tuple[float, float]:
+    """Start ``workers`` idle workers, enqueue the backlog in one transaction, wait for the drain.
+    Returns (workflows/s, steps/s) from the first claim to the last completion."""
+    n = args.n
+    execute(args.url, args.schema, RESET)
+    flow = bench.flows[kind]["three"]
+    items = [(i, 0.0) for i in range(n)]
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    pending = Pending(args.url, args.schema)
+    procs = [WorkerProcess(args.url, args.schema, WORK_QUEUE, concurrency) for _ in range(workers)]
+    try:
+        pending.wait_workers(workers, procs)
+        time.sleep(0.5)  # past registration: listening, and idle in the claim loop
+        meter = CpuMeter([p.pid for p in procs])
+        t0 = time.time()
+        bench.app.enqueue_many(flow, items, workflow_ids=ids)  # one transaction: visible all at once
+        t1 = pending.wait_empty(WORK_QUEUE, procs)
+        cpu = meter.line(f"{prefix} (from the enqueue)", t1 - t0)
+    finally:
+        for proc in procs:
+            proc.stop()
+        pending.close()
+    drain, done, total = drain_span(args.url, args.schema, f"{prefix}-%")
+    steps = step_count(args.url, args.schema, f"{prefix}-%")
+    assert done == total == n and steps == 3 * n, f"{prefix}: {done} of {n} succeeded, {steps} steps"
+    print(f"pgdurable scale workers={workers} C={concurrency} kind={kind} N={n}: {n / drain:.0f} workflows/s "
+          f"({steps / drain:.0f} steps/s), first claim -> last completion {drain:.2f} s", flush=True)
+    print(cpu, flush=True)
+    return n / drain, steps / drain
+
+
+def part_workers(bench: Bench, args: argparse.Namespace, results: Results) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for workers in args.workers:
+        wf, st = drain_row(bench, args, workers, args.concurrency, args.kind, f"w{workers}")
+        results[f"scale.workers.{workers}.wf_per_s"] = wf
+        results[f"scale.workers.{workers}.steps_per_s"] = st
+        results[f"scale.workers.{workers}.concurrency"] = args.concurrency
+        results[f"scale.workers.{workers}.kind"] = args.kind
+        rows.append((f"{workers} worker{'s' if workers > 1 else ''} x C={args.concurrency}", args.kind,
+                     f"{wf:.0f}", f"{st:.0f}"))
+    return rows
+
+
+def part_concurrency(bench: Bench, args: argparse.Namespace, results: Results) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for concurrency in args.concurrencies:
+        kind = "async" if concurrency > args.max_threads else args.kind
+        wf, st = drain_row(bench, args, 1, concurrency, kind, f"c{concurrency}")
+        results[f"scale.concurrency.{concurrency}.wf_per_s"] = wf
+        results[f"scale.concurrency.{concurrency}.steps_per_s"] = st
+        results[f"scale.concurrency.{concurrency}.kind"] = kind
+        rows.append((f"1 worker x C={concurrency}", kind, f"{wf:.0f}", f"{st:.0f}"))
+    return rows
+
+
+# ---- claim cost ---------------------------------------------------------------------------------------------
+
+HISTORY_SQL = """
+INSERT INTO workflow_executions (id, name, queue, status, input, output, attempt, available_at, created_at,
+                                 updated_at, started_at, completed_at)
+SELECT 'hist-' || g, %(name)s, %(queue)s, 'succeeded', jsonb_build_object('i', g), to_jsonb(g), 1, t, t,
+       t + interval '5 ms', t + interval '1 ms', t + interval '5 ms'
+FROM generate_series(1, %(n)s) AS g,
+     LATERAL (SELECT now() - make_interval(secs => (%(n)s - g) * 0.01) - interval '1 hour' AS t) AS at
+"""
+
+HISTORY_STEPS_SQL = """
+INSERT INTO operation_outputs (execution_id, step_id, step_name, output, attempts, recorded_by_attempt,
+                               started_at, completed_at)
+SELECT 'hist-' || g, s, 'add_one', to_jsonb(g + s + 1), 1, 1, now() - interval '1 hour',
+       now() - interval '1 hour'
+FROM generate_series(1, %(n)s) AS g, generate_series(0, %(steps)s - 1) AS s
+"""
+
+
+def insert_history(args: argparse.Namespace) -> None:
+    n, steps = args.history, args.history_steps
+    name = {0: "job", 1: "job_one_step"}.get(steps, "many_steps")
+    t = time.perf_counter()
+    with connect(args.url, args.schema) as conn:
+        conn.execute(HISTORY_SQL, {"n": n, "name": name, "queue": JOBS_QUEUE})
+        if steps:
+            conn.execute(HISTORY_STEPS_SQL, {"n": n, "steps": steps})
+    inserted = time.perf_counter() - t
+    execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions", "VACUUM ANALYZE operation_outputs")
+    with connect(args.url, args.schema) as conn:
+        row = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('workflow_executions')),"
+                           "       pg_size_pretty(pg_total_relation_size('operation_outputs'))").fetchone()
+    assert row is not None
+    print(f"pgdurable   H history: {n} finished executions ({name}, {steps} step rows each) inserted in "
+          f"{inserted:.1f} s, vacuumed in {time.perf_counter() - t - inserted:.1f} s; workflow_executions "
+          f"{row[0]}, operation_outputs {row[1]} with indexes", flush=True)
+
+
+def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[str, float]:
+    """The three claim measurements on whatever history the table holds now."""
+    app, flow, j = bench.app, bench.flows["sync"]["job"], args.claim_jobs
+    names = app.registry.names()
+    params = {"queue": JOBS_QUEUE, "names": names, "owner": "bench-claim", "lease": 3600.0,
+              "limit": args.claim_limit}
+    # (a) and (b): a backlog claimed from here by the worker's own claim statement.
+    enqueue_chunks(app, flow, [(i,) for i in range(j)], [f"x-{i}" for i in range(j)], 10_000)
+    execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions")
+    server_ms, planning_ms, buffers = [], [], 0
+    with connect(args.url, args.schema) as conn:
+        for attempt in range(args.explains + 1):
+            with conn.transaction(force_rollback=True):
+                row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + named_query("claim"),
+                                   params).fetchone()
+            assert row is not None
+            if attempt == 0:
+                continue  # warm-up: a new backend loads its catalog caches
+            plan: dict[str, Any] = row[0][0]
+            server_ms.append(float(plan["Planning Time"]) + float(plan["Execution Time"]))
+            planning_ms.append(float(plan["Planning Time"]))
+            top = plan["Plan"]
+            buffers = int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+    execute(args.url, args.schema, "VACUUM workflow_executions")  # the rolled-back claims' dead versions
+    statement_s = []
+    claimed = 0
+    claim = store.claim(queue=JOBS_QUEUE, names=names, owner="bench-claim", lease=3600.0, limit=args.claim_limit)
+    with connect(args.url, args.schema) as conn:
+        while True:
+            t = time.perf_counter()
+            got = store.run(conn, claim)
+            statement_s.append(time.perf_counter() - t)
+            if not got:
+                break
+            claimed += len(got)
+    assert claimed == j, f"{label}: claimed {claimed} of {j}"
+    statement_s.pop()  # the last, empty claim
+    execute(args.url, args.schema, "DELETE FROM workflow_executions WHERE id LIKE 'x-%'",
+            "VACUUM ANALYZE workflow_executions")
+    # (c): the same backlog drained by a worker process.
+    enqueue_chunks(app, flow, [(i,) for i in range(j)], [f"y-{i}" for i in range(j)], 10_000)
+    execute(args.url, args.schema, "ANALYZE workflow_executions")
+    pending = Pending(args.url, args.schema)
+    worker = WorkerProcess(args.url, args.schema, JOBS_QUEUE, args.concurrency)
+    try:
+        pending.wait_empty(JOBS_QUEUE, [worker])
+    finally:
+        worker.stop()
+        pending.close()
+    drain, done, total = drain_span(args.url, args.schema, "y-%")
+    assert done == total == j, f"{label}: drained {done} of {j}"
+    execute(args.url, args.schema, "DELETE FROM workflow_executions WHERE id LIKE 'y-%'",
+            "VACUUM ANALYZE workflow_executions")
+    statement_s.sort()
+    server_ms.sort()
+    figures = {"claim_ms": statistics.fmean(statement_s) * 1e3, "claim_p50_ms": pct(statement_s, .5) * 1e3,
+               "server_ms": statistics.median(server_ms), "planning_ms": statistics.median(planning_ms),
+               "buffers": float(buffers), "drain_per_s": j / drain}
+    print(f"pgdurable claim cost, {label}: {len(statement_s)} claim statements of LIMIT {args.claim_limit} "
+          f"took {figures['claim_ms']:.3f} ms each (p50 {figures['claim_p50_ms']:.3f} ms, "
+          f"{j / sum(statement_s):.0f} rows/s); server time (EXPLAIN ANALYZE, median of {args.explains}) "
+          f"{figures['server_ms']:.3f} ms (planning {figures['planning_ms']:.3f} ms), {buffers} buffers; "
+          f"one worker C={args.concurrency} drains {j} jobs at {figures['drain_per_s']:.0f} jobs/s", flush=True)
+    return figures
+
+
+def part_history(bench: Bench, args: argparse.Namespace, results: Results) -> list[tuple[str, ...]]:
+    execute(args.url, args.schema, RESET)
+    empty = claim_figures(bench, args, "empty table")
+    insert_history(args)
+    full = claim_figures(bench, args, f"{args.history} finished executions")
+    ratio = {key: full[key] / empty[key] for key in ("claim_ms", "server_ms")}
+    ratio["drain"] = empty["drain_per_s"] / full["drain_per_s"]
+    verdict = "within" if max(ratio.values()) <= 1.2 else "NOT within"
+    print(f"pgdurable claim cost ratio, {args.history} finished vs empty: claim statement {ratio['claim_ms']:.2f}x, "
+          f"server time {ratio['server_ms']:.2f}x, drain time {ratio['drain']:.2f}x ({verdict} the 1.2x target)",
+          flush=True)
+    for key, value in ratio.items():
+        results[f"scale.claim_ratio.{key}"] = value
+    results["scale.claim.history"] = args.history
+    results["scale.claim.empty_claim_ms"] = empty["claim_ms"]
+    results["scale.claim.full_claim_ms"] = full["claim_ms"]
+    results["scale.claim.empty_drain_per_s"] = empty["drain_per_s"]
+    results["scale.claim.full_drain_per_s"] = full["drain_per_s"]
+    return [
+        ("claim statement (ms)", f"{empty['claim_ms']:.3f}", f"{full['claim_ms']:.3f}", f"{ratio['claim_ms']:.2f}x"),
+        ("claim server time (ms)", f"{empty['server_ms']:.3f}", f"{full['server_ms']:.3f}",
+         f"{ratio['server_ms']:.2f}x"),
+        ("drain of the jobs (jobs/s)", f"{empty['drain_per_s']:.0f}", f"{full['drain_per_s']:.0f}",
+         f"{ratio['drain']:.2f}x"),
+    ]
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def integers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", type=int, default=10_000,
+                        help="three-step workflows per row of W and K (default 10000)")
+    parser.add_argument("-c", "--concurrency", type=int, default=16,
+                        help="concurrency of each worker in W and of the worker in H (default 16)")
+    parser.add_argument("--workers", type=integers, default=[1, 2, 4],
+                        help="worker process counts for W (default 1,2,4)")
+    parser.add_argument("--concurrencies", type=integers, default=[10, 100, 1000],
+                        help="concurrencies for K (default 10,100,1000)")
+    parser.add_argument("--kind", choices=("sync", "async"), default="sync",
+                        help="workflow flavour for W and K (default sync)")
+    parser.add_argument("--max-threads", type=int, default=256,
+                        help="in K, rows with a higher concurrency use async workflows (default 256)")
+    parser.add_argument("--parts", default="WKH", help="which parts to run (default WKH)")
+    parser.add_argument("--history", type=int, default=1_000_000,
+                        help="finished executions in the table for H (default 1000000)")
+    parser.add_argument("--history-steps", type=int, default=1,
+                        help="operation_outputs rows per finished execution (default 1)")
+    parser.add_argument("--claim-jobs", type=int, default=20_000, help="backlog claimed in H (default 20000)")
+    parser.add_argument("--claim-limit", type=int, default=16, help="LIMIT of the timed claims (default 16)")
+    parser.add_argument("--explains", type=int, default=25,
+                        help="EXPLAIN ANALYZE runs of the claim per case (default 25)")
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    args.parts = args.parts.upper()
+    bench = setup(parser, args)
+    results = Results(args.results)
+    print(f"pgdurable   setup: {args.url} schema {args.schema}, python {sys.version.split()[0]}, "
+          f"parts {args.parts}", flush=True)
+    try:
+        rows: list[tuple[str, ...]] = []
+        if "W" in args.parts:
+            rows += part_workers(bench, args, results)
+        if "K" in args.parts:
+            rows += part_concurrency(bench, args, results)
+        history = part_history(bench, args, results) if "H" in args.parts else []
+        results.save()
+        if rows:
+            print(f"\nqueued three-step workflows, backlog of {args.n} enqueued with one enqueue_many, drained:\n")
+            print(table(("workers x concurrency", "kind", "workflows/s", "steps/s"), rows))
+        if history:
+            print(f"\nclaim cost, {args.claim_jobs} step-less jobs:\n")
+            print(table(("", "empty table", f"{args.history} finished", "ratio"), history))
+    finally:
+        bench.app.close()
+        if not args.keep_schema:
+            drop_schema(args.url, args.schema)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
