@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
+
+import psycopg
 
 from . import store
 from .client import CompletionListener, WorkflowHandle
 from .config import Settings, database_url_from_env, schema_name
+from .connections import async_driver_connection, sync_driver_connection
 from .db import Database
 from .embedded import embedded_database_url
 from .errors import ConfigurationError, SerializationError, WorkflowIdConflict
 from .migrations import migrate
 from .serialization import JsonSerializer, Serializer
 from .steps import RetryPolicy, make_step
+from .transactions import make_transaction_step
 from .workflows import Registry, Workflow, default_name
 
 P = ParamSpec("P")
@@ -93,22 +98,57 @@ class App:
 
         return register(fn) if fn is not None else register
 
+    def transaction(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
+                    isolation: str | None = None, max_attempts: int = 3, interval: float = 0.5,
+                    backoff: float = 2.0, max_interval: float = 60.0,
+                    no_retry: tuple[type[BaseException], ...] = ()) -> Any:
+        """Declare a transactional step: it receives a connection in an open transaction as its first
+        argument (callers leave it out), and its writes commit together with its checkpoint, or not at all.
+
+        ``isolation``: None (the server's default), "read committed", "repeatable read" or "serializable".
+        Serialization failures and deadlocks roll back and retry on their own budget of attempts.
+        """
+        policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
+                             max_interval=max_interval, no_retry=no_retry)
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            step_name = name or default_name(fn)
+            self.registry.steps.add(step_name)
+            return make_transaction_step(self, fn, step_name, policy, isolation)
+
+        return register(fn) if fn is not None else register
+
     # -- enqueue ------------------------------------------------------------------------------------------
 
     def enqueue(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                 queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                max_recoveries: int | None = None, **kwargs: Any) -> WorkflowHandle[R]:
-        """Durably enqueue a workflow; a worker runs it. A given ``workflow_id`` is an idempotency key."""
+                max_recoveries: int | None = None, conn: Any = None, **kwargs: Any) -> WorkflowHandle[R]:
+        """Durably enqueue a workflow; a worker runs it. A given ``workflow_id`` is an idempotency key.
+
+        With ``conn`` (a psycopg connection, or a SQLAlchemy Session or Connection on psycopg), the
+        execution is written on that connection, in its current transaction: it exists if and only if
+        that transaction commits, and workers are woken when it does.
+        """
         call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
                                         max_recoveries)
-        return self._handle(self.db.run(call), call, hint)
+        if conn is None:
+            return self._handle(self.db.run(call), call, hint)
+        in_transaction = store.enqueue_in_transaction(call, self.schema)
+        with _id_conflicts():
+            return WorkflowHandle(self, store.run(sync_driver_connection(conn), in_transaction), hint)
 
     async def enqueue_async(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                             queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                            max_recoveries: int | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+                            max_recoveries: int | None = None, conn: Any = None,
+                            **kwargs: Any) -> WorkflowHandle[R]:
         call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
                                         max_recoveries)
-        return self._handle(await self.db.arun(call), call, hint)
+        if conn is None:
+            return self._handle(await self.db.arun(call), call, hint)
+        in_transaction = store.enqueue_in_transaction(call, self.schema)
+        with _id_conflicts():
+            return WorkflowHandle(self, await store.arun(await async_driver_connection(conn), in_transaction),
+                                  hint)
 
     def enqueue_many(self, workflow: Workflow[..., R], arguments: Iterable[tuple[Any, ...] | dict[str, Any]], *,
                      workflow_ids: Sequence[str] | None = None, queue: str | None = None,
@@ -332,6 +372,15 @@ class App:
 
 
 _BULK_CHUNK = 5000
+
+
+@contextlib.contextmanager
+def _id_conflicts() -> Iterator[None]:
+    """The SQL function reports a workflow id taken by another workflow as a unique violation."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        raise WorkflowIdConflict(str(exc).splitlines()[0]) from exc
 
 
 def _split(item: tuple[Any, ...] | dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -42,6 +42,9 @@ class Database:
         self._lock = threading.RLock()
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
+        # Connections for transactional steps: the application's own settings, untouched by pgdurable.
+        self._app_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._app_async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
         self._migrated = False
 
     @property
@@ -80,6 +83,17 @@ class Database:
                         name="pgdurable")
         return self._pool
 
+    @property
+    def app_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        if self._app_pool is None:
+            with self._lock:
+                if self._app_pool is None:
+                    self.ensure_schema()
+                    self._app_pool = ConnectionPool(self.conninfo, min_size=1, max_size=self.pool_size * 4,
+                                                    open=True, kwargs={"autocommit": True},
+                                                    name="pgdurable-transactions")
+        return self._app_pool
+
     def run(self, call: store.Call[T]) -> T:
         with self.pool.connection() as conn:
             return store.run(conn, call)
@@ -110,17 +124,31 @@ class Database:
             self._async_pools[loop] = pool
         return pool
 
+    async def app_async_pool(self) -> AsyncConnectionPool[Any]:
+        loop = asyncio.get_running_loop()
+        pool = self._app_async_pools.get(loop)
+        if pool is None:
+            await asyncio.to_thread(self.ensure_schema)
+            pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
+                                       kwargs={"autocommit": True}, name="pgdurable-transactions-async")
+            await pool.open()
+            self._app_async_pools[loop] = pool
+        return pool
+
     async def arun(self, call: store.Call[T]) -> T:
         pool = await self.async_pool()
         async with pool.connection() as conn:
             return await store.arun(conn, call)
 
     async def aclose_loop_pool(self) -> None:
-        pool = self._async_pools.pop(asyncio.get_running_loop(), None)
-        if pool is not None:
-            await pool.close()
+        loop = asyncio.get_running_loop()
+        for pools in (self._async_pools, self._app_async_pools):
+            pool = pools.pop(loop, None)
+            if pool is not None:
+                await pool.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for pool in (self._pool, self._app_pool):
+            if pool is not None:
+                pool.close()
+        self._pool = self._app_pool = None

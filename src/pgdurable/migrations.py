@@ -43,7 +43,8 @@ def migrate(conninfo: str, schema: str) -> list[int]:
             # Whoever holds the lock migrates; the others wait, then find nothing left to do.
             conn.execute(_LOCK_SQL, (schema,))
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+            # Functions created with SET search_path FROM CURRENT pin this: our schema, then pg_temp last.
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_temp").format(sql.Identifier(schema)))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"

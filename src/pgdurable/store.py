@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg import sql
 
 from .sqlfiles import query
 
@@ -25,15 +26,23 @@ class Call(Generic[T]):
     name: str
     params: Mapping[str, Any]
     read: Callable[[Rows], T]
+    # For a connection that is not pgdurable's own: the query's {schema} is replaced by this identifier.
+    schema: str | None = None
+
+
+def _statement(call: Call[Any]) -> Any:
+    if call.schema is None:
+        return query(call.name)
+    return sql.SQL(query(call.name)).format(schema=sql.Identifier(call.schema))
 
 
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
-    cur = conn.execute(query(call.name), call.params)
+    cur = conn.execute(_statement(call), call.params)
     return call.read(cur.fetchall() if cur.description else [])
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
-    cur = await conn.execute(query(call.name), call.params)
+    cur = await conn.execute(_statement(call), call.params)
     return call.read(await cur.fetchall() if cur.description else [])
 
 
@@ -163,6 +172,11 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
             delay: float) -> Call[Enqueued | None]:
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                             "max_recoveries": max_recoveries, "delay": delay}, _enqueued)
+
+
+def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str]:
+    """The same enqueue, on the caller's connection and in its transaction, via the SQL function."""
+    return Call("enqueue_in_transaction", call.params, lambda rows: str(rows[0][0]), schema=schema)
 
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,

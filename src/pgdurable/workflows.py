@@ -14,7 +14,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Keyword arguments that App.enqueue and App.start take for themselves.
-RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries"})
+RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries", "conn"})
 
 
 class Workflow(Generic[P, R]):

@@ -15,6 +15,12 @@ UNION ALL
 SELECT id, name, false FROM workflow_executions
 WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 
+-- name: enqueue_in_transaction
+-- Enqueue on the caller's own connection, inside its transaction, through the SQL function (schema-
+-- qualified, since the caller's search_path is its own).
+SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, %(priority)s, NULL,
+                                 make_interval(secs => %(delay)s), %(max_recoveries)s);
+
 -- name: enqueue_many
 -- Bulk enqueue of one workflow: %(rows)s is one JSON array of [id, input] pairs (one parameter, parsed by
 -- the server, is far cheaper than two long arrays). Existing ids are left alone (idempotent); the ids
