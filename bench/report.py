@@ -117,7 +117,8 @@ def build(ours: dict[str, Any], anchors: Anchors | None, c1: tuple[float | None,
     # Queued three-step workflows through one worker (A), then its capacity on a backlog (F).
     n = get("A.n")
     t.add(f"A queued 3-step workflows/s, 1 worker C={get('A.concurrency')} {get('A.kind')}, enqueue from 1 thread "
-          f"(N={n})", get("A.wf_per_s"), "wf/s",
+          f"(N={n})", get("A.wf_per_s"), "wf/s", target="≥ 15x DBOS queued",
+          met=(get("A.wf_per_s") >= 15 * dbos["wf"]) if dbos and get("A.wf_per_s") is not None else None,
           anchor_name=dbos_name, anchor=dbos["wf"] if dbos else None)
     t.add("A steps/s (same run)", get("A.steps_per_s"), "steps/s", anchor_name=dbos_name,
           anchor=dbos["steps"] if dbos else None)
@@ -175,8 +176,11 @@ def build(ours: dict[str, Any], anchors: Anchors | None, c1: tuple[float | None,
     # Jobs and bulk enqueue.
     pgq = anchors.pgq if anchors else None
     pgq_name = f"pgqueuer (N={pgq['n']:.0f}, batch {pgq['batch']:.0f})" if pgq else ""
-    t.add(f"D jobs drain, step-less, 1 worker C={get('D.concurrency')} (N={get('D.jobs')})",
-          get("D.drain_jobs_per_s"), "jobs/s", anchor_name=pgq_name, anchor=pgq["drain"] if pgq else None)
+    d_drain, pgq_drain = get("D.drain_jobs_per_s"), pgq["drain"] if pgq else None
+    t.add(f"D jobs drain, step-less {get('D.kind')} jobs, 1 worker C={get('D.concurrency')} (N={get('D.jobs')})",
+          d_drain, "jobs/s", target="≥ 0.5x pgqueuer",
+          met=(d_drain >= 0.5 * pgq_drain) if isinstance(d_drain, (int, float)) and pgq_drain else None,
+          anchor_name=pgq_name, anchor=pgq_drain)
     t.add("D jobs enqueue, enqueue_many in batches of 1000", get("D.enqueue_per_s"), "/s",
           anchor_name=pgq_name, anchor=pgq["enqueue"] if pgq else None)
     t.add("D jobs enqueue, one at a time", get("D.enqueue_single_per_s"), "/s")

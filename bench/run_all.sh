@@ -94,8 +94,11 @@ fi
 
 # 3. Ours, one after the other.
 cd "$repo"
-step throughput "$py" bench/throughput.py "$N" "${throughput_args[@]}" --results "$results"
-step throughput-threads "$py" bench/throughput.py "$N" --parts A --enqueue-threads 4 --results "$results"
+# Sync 3-step workflows (like the DBOS anchor) on a worker with 64 slots; step-less jobs as async handlers
+# with 256 slots (like pgqueuer's async entrypoints). Light-load latency does not depend on the slots.
+step throughput "$py" bench/throughput.py "$N" -c 64 --parts ABCEFL "${throughput_args[@]}" --results "$results"
+step jobs "$py" bench/throughput.py "$N" -c 256 --kind async --parts D "${throughput_args[@]}" --results "$results"
+step throughput-threads "$py" bench/throughput.py "$N" -c 64 --parts A --enqueue-threads 4 --results "$results"
 step scale "$py" bench/scale.py "${scale_args[@]}" --results "$results"
 step memory "$py" bench/memory.py "${memory_args[@]}" --results "$results"
 

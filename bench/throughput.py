@@ -569,6 +569,7 @@ def part_d(bench: Bench, args: argparse.Namespace, results: Results) -> None:
     print(cpu, flush=True)
     results["D.jobs"] = j
     results["D.concurrency"] = args.concurrency
+    results["D.kind"] = args.kind
     results["D.enqueue_per_s"] = enqueue_rate
     results["D.drain_jobs_per_s"] = done / drain
 
