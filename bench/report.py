@@ -118,7 +118,7 @@ def build(ours: dict[str, Any], anchors: Anchors | None, c1: tuple[float | None,
     n = get("A.n")
     t.add(f"A queued 3-step workflows/s, 1 worker C={get('A.concurrency')} {get('A.kind')}, enqueue from 1 thread "
           f"(N={n})", get("A.wf_per_s"), "wf/s", target="≥ 15x DBOS queued",
-          met=(get("A.wf_per_s") >= 15 * dbos["wf"]) if dbos and get("A.wf_per_s") is not None else None,
+          met=_ge(get("A.wf_per_s"), 15 * dbos["wf"]) if dbos else None,
           anchor_name=dbos_name, anchor=dbos["wf"] if dbos else None)
     t.add("A steps/s (same run)", get("A.steps_per_s"), "steps/s", anchor_name=dbos_name,
           anchor=dbos["steps"] if dbos else None)
