@@ -1,16 +1,21 @@
-"""The @step decorator: run once, record the outcome, return the recorded outcome on replay."""
+"""The @step decorator: run once, record the outcome, return the recorded outcome on replay.
+
+``StepRun`` holds the logic of one call of a step inside a workflow (replay, attempts with backoff, what
+to record); the sync and async wrappers only differ in how they call the body and sleep.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .context import _in_step, current, utcnow
+from .context import ExecutionContext, _in_step, current, utcnow
 from .errors import LeaseLost, NonDeterminismError, SerializationError
 from .serialization import Signature
 
@@ -38,16 +43,71 @@ class RetryPolicy:
         if self.interval < 0 or self.backoff < 1:
             raise ValueError("interval must be >= 0 and backoff >= 1")
 
-    def delay_after(self, attempt: int) -> float | None:
+    def retries(self, exc: BaseException, attempt: int) -> float | None:
         """Seconds to wait before the next attempt, or None when the step should not be retried."""
-        if attempt >= self.max_attempts:
+        if isinstance(exc, _NEVER_RETRY + self.no_retry) or attempt >= self.max_attempts:
             return None
         return float(min(self.interval * self.backoff ** (attempt - 1), self.max_interval))
 
-    def retries(self, exc: BaseException, attempt: int) -> float | None:
-        if isinstance(exc, _NEVER_RETRY + self.no_retry):
-            return None
-        return self.delay_after(attempt)
+
+class StepRun:
+    """One call of a step inside a running workflow."""
+
+    def __init__(self, ctx: ExecutionContext, name: str, policy: RetryPolicy, return_hint: Any) -> None:
+        self.ctx, self.name, self.policy, self.return_hint = ctx, name, policy, return_hint
+        self.step_id, self.recorded = ctx.begin_step(name)
+        self.started = utcnow()
+        self.tries = 0
+        self.value: Any = None
+        self.failure: BaseException | None = None
+        self._finished = False
+
+    def replay(self) -> Any:
+        assert self.recorded is not None
+        return self.ctx.replay(self.recorded, self.return_hint)
+
+    def attempts(self) -> Iterator[int]:
+        """Attempt numbers, until one succeeded or the policy gives up."""
+        while not self._finished:
+            self.tries += 1
+            yield self.tries
+
+    def succeeded(self, value: Any) -> None:
+        self.value, self._finished = value, True
+
+    def failed(self, exc: BaseException) -> float | None:
+        """Seconds to wait before retrying, or None: then the step has failed with ``exc``."""
+        delay = self.retry_delay(exc)
+        if delay is None:
+            self.failure, self._finished = exc, True
+        return delay
+
+    def retry_delay(self, exc: BaseException) -> float | None:
+        return self.policy.retries(exc, self.tries)
+
+    def checkpoint(self) -> tuple[int, str, str | None, str | None, int, Any]:
+        """The arguments of ``ctx.record``. An unencodable result becomes the step's error, so replay agrees."""
+        try:
+            output, error = self.ctx.encode_outcome(self.value, self.failure)
+        except SerializationError as exc:
+            self.failure = exc
+            output, error = self.ctx.encode_outcome(None, exc)
+        return self.step_id, self.name, output, error, self.tries, self.started
+
+    def result(self) -> Any:
+        if self.failure is not None:
+            raise self.failure
+        return self.value
+
+
+@contextlib.contextmanager
+def running_step() -> Iterator[None]:
+    """While a step body runs, steps it calls are plain calls."""
+    token = _in_step.set(True)
+    try:
+        yield
+    finally:
+        _in_step.reset(token)
 
 
 def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P, R]:
@@ -61,31 +121,18 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             ctx = current()
             if ctx is None:
                 return await async_fn(*args, **kwargs)
-            step_id, recorded = ctx.begin_step(name)
-            if recorded is not None:
-                return ctx.replay(recorded, return_hint)
-            started, attempt = utcnow(), 0
-            failure: BaseException | None
-            token = _in_step.set(True)
-            try:
-                while True:
-                    attempt += 1
+            run = StepRun(ctx, name, policy, return_hint)
+            if run.recorded is not None:
+                return run.replay()
+            with running_step():
+                for _ in run.attempts():
                     try:
-                        value, failure = await async_fn(*args, **kwargs), None
-                        break
+                        run.succeeded(await async_fn(*args, **kwargs))
                     except Exception as exc:
-                        delay = policy.retries(exc, attempt)
-                        if delay is None:
-                            value, failure = None, exc
-                            break
-                        await asyncio.sleep(delay)
-            finally:
-                _in_step.reset(token)
-            output, error, failure = _encode(ctx, value, failure)
-            await ctx.record(step_id, name, output, error, attempt, started)
-            if failure is not None:
-                raise failure
-            return value
+                        if (delay := run.failed(exc)) is not None:
+                            await asyncio.sleep(delay)
+            await ctx.record(*run.checkpoint())
+            return run.result()
 
         step: Callable[..., Any] = async_step
     else:
@@ -94,43 +141,19 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             ctx = current()
             if ctx is None:
                 return fn(*args, **kwargs)
-            step_id, recorded = ctx.begin_step(name)
-            if recorded is not None:
-                return ctx.replay(recorded, return_hint)
-            started, attempt = utcnow(), 0
-            failure: BaseException | None
-            token = _in_step.set(True)
-            try:
-                while True:
-                    attempt += 1
+            run = StepRun(ctx, name, policy, return_hint)
+            if run.recorded is not None:
+                return run.replay()
+            with running_step():
+                for _ in run.attempts():
                     try:
-                        value, failure = fn(*args, **kwargs), None
-                        break
+                        run.succeeded(fn(*args, **kwargs))
                     except Exception as exc:
-                        delay = policy.retries(exc, attempt)
-                        if delay is None:
-                            value, failure = None, exc
-                            break
-                        time.sleep(delay)
-            finally:
-                _in_step.reset(token)
-            output, error, failure = _encode(ctx, value, failure)
-            ctx.record_sync(step_id, name, output, error, attempt, started)
-            if failure is not None:
-                raise failure
-            return value
+                        if (delay := run.failed(exc)) is not None:
+                            time.sleep(delay)
+            ctx.record_sync(*run.checkpoint())
+            return run.result()
 
         step = sync_step
     step.__pgdurable_step__ = name  # type: ignore[attr-defined]
     return cast(Callable[P, R], step)
-
-
-def _encode(ctx: Any, value: Any,
-            failure: BaseException | None) -> tuple[str | None, str | None, BaseException | None]:
-    """The outcome as stored text. An unencodable result becomes the step's error, so replay agrees."""
-    try:
-        output, error = ctx.encode_outcome(value, failure)
-    except SerializationError as exc:
-        output, error = ctx.encode_outcome(None, exc)
-        failure = exc
-    return output, error, failure

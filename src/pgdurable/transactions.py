@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from .context import ExecutionContext, _in_step, current, utcnow
+from .context import current
 from .errors import ConfigurationError, LeaseLost
 from .serialization import Signature
-from .steps import RetryPolicy, _encode
+from .steps import RetryPolicy, StepRun, running_step
 
 if TYPE_CHECKING:
     from .app import App
@@ -42,38 +42,46 @@ class _Fenced(Exception):
     """The checkpoint was refused: this worker no longer owns the attempt. Rolls the transaction back."""
 
 
-def _conflict_delay(tries: int) -> float:
-    return float(min(0.01 * 2 ** (tries - 1), 1.0))
+class TransactionRun(StepRun):
+    """A transactional step's call: conflicts between transactions retry on a budget of their own."""
+
+    conflicts = 0
+
+    def retry_delay(self, exc: BaseException) -> float | None:
+        if isinstance(exc, _CONFLICTS):
+            self.conflicts += 1
+            return float(min(0.01 * 2 ** (self.conflicts - 1), 1.0)) if self.conflicts < _CONFLICT_ATTEMPTS else None
+        return super().retry_delay(exc)
+
+    def checkpoint_params(self, value: Any) -> tuple[Any, ...]:
+        """The checkpoint written inside the step's transaction (an unencodable result rolls it back)."""
+        output = self.ctx.serializer.dumps(value)
+        return (self.ctx.execution_id, self.ctx.attempt, self.step_id, self.name, output, None, self.tries,
+                self.started)
+
+    def lost(self) -> LeaseLost:
+        self.ctx.lost = True
+        return LeaseLost(f"execution {self.ctx.execution_id}: attempt {self.ctx.attempt} lost its lease; "
+                         f"transactional step #{self.step_id} ({self.name}) was rolled back")
 
 
 def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: RetryPolicy,
                           isolation: str | None) -> Callable[..., Any]:
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
-    parameters = list(inspect.signature(fn).parameters)
-    if not parameters:
+    if not inspect.signature(fn).parameters:
         raise ConfigurationError(f"transactional step {name!r} must take the connection as its first parameter")
     return_hint = Signature(fn).return_hint
     set_isolation = ISOLATION_LEVELS[isolation]
     checkpoint = sql.SQL("SELECT {}.checkpoint_step(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)").format(
         sql.Identifier(app.schema))
-    timeout = str(int(app.settings.lease_seconds * 1000))
-
     # The statements that open every step transaction. A worker paused inside the transaction (SIGSTOP,
     # a long GC pause, a lost network) must not hold its row locks forever: the server ends the session
     # once it has idled in the transaction for a lease.
     opening: list[tuple[sql.SQL, tuple[Any, ...] | None]] = [] if set_isolation is None else [
         (set_isolation, None)]
-    opening.append((sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"), (timeout,)))
-
-    def checkpoint_params(ctx: ExecutionContext, step_id: int, output: str | None, tries: int,
-                          started: Any) -> tuple[Any, ...]:
-        return (ctx.execution_id, ctx.attempt, step_id, name, output, None, tries, started)
-
-    def next_delay(exc: BaseException, tries: int, conflicts: int) -> float | None:
-        if isinstance(exc, _CONFLICTS):
-            return _conflict_delay(conflicts) if conflicts < _CONFLICT_ATTEMPTS else None
-        return policy.retries(exc, tries)
+    opening.append((sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"),
+                    (str(int(app.settings.lease_seconds * 1000)),)))
 
     if inspect.iscoroutinefunction(fn):
         async_fn = fn
@@ -87,43 +95,29 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                     for statement, params in opening:
                         await conn.execute(statement, params)
                     return await async_fn(conn, *args, **kwargs)
-            step_id, recorded = ctx.begin_step(name)
-            if recorded is not None:
-                return ctx.replay(recorded, return_hint)
-            started, tries, conflicts = utcnow(), 0, 0
-            token = _in_step.set(True)
-            try:
-                while True:
-                    tries += 1
+            run = TransactionRun(ctx, name, policy, return_hint)
+            if run.recorded is not None:
+                return run.replay()
+            with running_step():
+                for _ in run.attempts():
                     try:
                         async with pool.connection() as conn, conn.transaction():
                             for statement, params in opening:
                                 await conn.execute(statement, params)
                             value = await async_fn(conn, *args, **kwargs)
-                            output, _, failure = _encode(ctx, value, None)
-                            if failure is not None:
-                                raise failure
-                            cur = await conn.execute(checkpoint, checkpoint_params(ctx, step_id, output, tries,
-                                                                                   started))
-                            row = await cur.fetchone()
-                            if not (row and row[0]):
+                            cur = await conn.execute(checkpoint, run.checkpoint_params(value))
+                            if not (row := await cur.fetchone()) or not row[0]:
                                 raise _Fenced
-                        return value
+                        run.succeeded(value)
                     except _Fenced:
-                        raise _lost(ctx, step_id) from None
+                        raise run.lost() from None
                     except Exception as exc:
-                        conflicts += isinstance(exc, _CONFLICTS)
-                        delay = next_delay(exc, tries, conflicts)
-                        if delay is None:
-                            failure = exc
-                            break
-                        await asyncio.sleep(delay)
-            finally:
-                _in_step.reset(token)
-            _, error, recorded_failure = _encode(ctx, None, failure)
-            await ctx.record(step_id, name, None, error, tries, started)
-            assert recorded_failure is not None
-            raise recorded_failure
+                        if (delay := run.failed(exc)) is not None:
+                            await asyncio.sleep(delay)
+            if run.failure is None:
+                return run.value  # committed together with its checkpoint
+            await ctx.record(*run.checkpoint())  # only the error: none of the step's writes was kept
+            return run.result()
 
         step: Callable[..., Any] = async_transaction
     else:
@@ -135,49 +129,30 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                     for statement, params in opening:
                         conn.execute(statement, params)
                     return fn(conn, *args, **kwargs)
-            step_id, recorded = ctx.begin_step(name)
-            if recorded is not None:
-                return ctx.replay(recorded, return_hint)
-            started, tries, conflicts = utcnow(), 0, 0
-            token = _in_step.set(True)
-            try:
-                while True:
-                    tries += 1
+            run = TransactionRun(ctx, name, policy, return_hint)
+            if run.recorded is not None:
+                return run.replay()
+            with running_step():
+                for _ in run.attempts():
                     try:
                         with app.db.app_pool.connection() as conn, conn.transaction():
                             for statement, params in opening:
                                 conn.execute(statement, params)
                             value = fn(conn, *args, **kwargs)
-                            output, _, failure = _encode(ctx, value, None)
-                            if failure is not None:
-                                raise failure
-                            row = conn.execute(checkpoint, checkpoint_params(ctx, step_id, output, tries,
-                                                                             started)).fetchone()
-                            if not (row and row[0]):
+                            if not (row := conn.execute(checkpoint, run.checkpoint_params(value)).fetchone()) \
+                                    or not row[0]:
                                 raise _Fenced
-                        return value
+                        run.succeeded(value)
                     except _Fenced:
-                        raise _lost(ctx, step_id) from None
+                        raise run.lost() from None
                     except Exception as exc:
-                        conflicts += isinstance(exc, _CONFLICTS)
-                        delay = next_delay(exc, tries, conflicts)
-                        if delay is None:
-                            failure = exc
-                            break
-                        time.sleep(delay)
-            finally:
-                _in_step.reset(token)
-            _, error, recorded_failure = _encode(ctx, None, failure)
-            ctx.record_sync(step_id, name, None, error, tries, started)
-            assert recorded_failure is not None
-            raise recorded_failure
+                        if (delay := run.failed(exc)) is not None:
+                            time.sleep(delay)
+            if run.failure is None:
+                return run.value
+            ctx.record_sync(*run.checkpoint())
+            return run.result()
 
         step = sync_transaction
     step.__pgdurable_step__ = name  # type: ignore[attr-defined]
     return step
-
-
-def _lost(ctx: ExecutionContext, step_id: int) -> LeaseLost:
-    ctx.lost = True
-    return LeaseLost(f"execution {ctx.execution_id}: attempt {ctx.attempt} lost its lease; transactional "
-                     f"step #{step_id} was rolled back")
