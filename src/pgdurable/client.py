@@ -116,7 +116,11 @@ class WorkflowHandle(Generic[R]):
     def result(self, timeout: float | None = None) -> R:
         """Wait for the workflow to finish; return its result or raise ``WorkflowFailed``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = self.app.db.run(store.get_status(self.workflow_id))
+        if self._is_final(outcome):  # already finished: no need to listen
+            return self._decode(outcome)
         finished = threading.Event()
+        # Subscribe, then look again: a completion between the two checks is seen by one of them.
         unsubscribe = self.app.completions.subscribe(self.workflow_id, finished.set)
         try:
             while True:
@@ -144,8 +148,12 @@ class WorkflowHandle(Generic[R]):
 
     async def result_async(self, timeout: float | None = None) -> R:
         deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = await self.app.db.arun(store.get_status(self.workflow_id))
+        if self._is_final(outcome):
+            return self._decode(outcome)
         loop = asyncio.get_running_loop()
         finished = asyncio.Event()
+
         def wake() -> None:
             loop.call_soon_threadsafe(finished.set)
 

@@ -39,8 +39,8 @@ T = TypeVar("T")
 
 # Claim at most this many executions per round trip.
 _CLAIM_BATCH = 64
-# How long a busy worker holds off claiming while only a few of its slots are free.
-_CLAIM_DEFER_SECONDS = 0.005
+# A busy worker claims at most this often while few slots are free or its queue keeps running dry.
+_CLAIM_COALESCE_SECONDS = 0.005
 
 
 @dataclass
@@ -164,29 +164,30 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         lease = self.settings.lease_seconds
-        # Under load, claim in batches: with few slots free, wait a moment for more to free up.
         batch_floor = max(1, self.concurrency // 4)
-        deferred_since: float | None = None
+        last_claim, last_was_short = 0.0, False
         while not self._stop.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
             free = self.concurrency - len(self.running)
             limit = min(free, _CLAIM_BATCH)
-            if 0 < limit < batch_floor and self.running:
-                now = time.monotonic()
-                deferred_since = deferred_since or now
-                if now - deferred_since < _CLAIM_DEFER_SECONDS:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), _CLAIM_DEFER_SECONDS)
+            if limit > 0 and self.running and (limit < batch_floor or last_was_short):
+                # Busy, and either few slots are free or the queue was just drained: let wake-ups (NOTIFYs,
+                # completions) pile up for a moment so that claims come in batches. An idle worker claims
+                # at once.
+                pause = last_claim + _CLAIM_COALESCE_SECONDS - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
                     continue
-            deferred_since = None
             if limit > 0:
                 # One queue per claim (equality keeps the claim an ordered index scan); take turns.
                 queue = self.queues[self._next_queue % len(self.queues)]
                 self._next_queue += 1
+                last_claim = time.monotonic()
                 try:
                     claimed = await self._run(store.claim(
                         queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit))
+                    last_was_short = len(claimed) < limit
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", self.id)
                     await asyncio.sleep(1.0)
