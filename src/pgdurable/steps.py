@@ -69,6 +69,10 @@ class StepRun:
     def attempts(self) -> Iterator[int]:
         """Attempt numbers, until one succeeded or the policy gives up."""
         while not self._finished:
+            if self.tries and self.ctx.lost:
+                # Another worker owns the execution now and runs this step: do not run the body again here.
+                raise LeaseLost(f"execution {self.ctx.execution_id}: attempt {self.ctx.attempt} lost its lease; "
+                                f"step #{self.step_id} ({self.name}) is not retried")
             self.tries += 1
             yield self.tries
 

@@ -289,6 +289,10 @@ class Worker:
                 log.warning("worker %s: heartbeat failed (%s)", self.id, exc)
                 continue
             for execution_id, running in held.items():
+                # Not running any more: it finished while the heartbeat was queued (its completion can share
+                # the heartbeat's batch), so the heartbeat no longer finds it running; it was not lost.
+                if self.running.get(execution_id) is not running:
+                    continue
                 if owned.get(execution_id) != running.claimed.attempt and not running.context.lost:
                     self._abandon(running)
 

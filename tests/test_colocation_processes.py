@@ -1,0 +1,352 @@
+"""Transactional steps run by real worker processes (``python -m pgdurable worker tests.apps.bank:app``) that
+are SIGKILLed at random, fail between their writes and their commit, or are SIGSTOPped inside their open
+transaction; the assertions are on what the application schema and the engine's tables hold afterwards."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgdurable
+from tests.apps import bank
+
+TARGET = "tests.apps.bank:app"
+ACCOUNTS, OPENING = 20, 1000
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Harness:
+    """Bank workers on this test's engine schema, the bank's own schema, and queries on both."""
+
+    def __init__(self, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
+                 db: psycopg.Connection[Any], client: pgdurable.App, wf: SimpleNamespace, bank_schema: str) -> None:
+        self._spawn = spawn_worker
+        self.tmp_path = tmp_path
+        self.trace_path = tmp_path / "trace.log"
+        self.db = db
+        self.client = client
+        self.wf = wf
+        self.bank = bank_schema
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, *args: str, wait: bool = True, **env: str) -> subprocess.Popen[bytes]:
+        proc = self._spawn(TARGET, *(args or ("-c", "4")),
+                           env={"BANK_SCHEMA": self.bank, "BANK_TRACE": str(self.trace_path), **env})
+        self.procs.append(proc)
+        if wait:
+            self.wait_registered(proc)
+        return proc
+
+    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+        def registered() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"worker {proc.pid} exited with {proc.returncode} before registering:\n"
+                            + self.log(proc))
+            return bool(self.scalar("SELECT count(*) FROM workers WHERE pid = %s", (proc.pid,)))
+        wait_for(registered, timeout, f"worker {proc.pid} to register")
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.tmp_path / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
+
+    def q(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(bank=sql.Identifier(self.bank))
+
+    def rows(self, query: str | sql.Composable, params: Any = ()) -> list[tuple[Any, ...]]:
+        return self.db.execute(query, params).fetchall()
+
+    def scalar(self, query: str | sql.Composable, params: Any = ()) -> Any:
+        row = self.db.execute(query, params).fetchone()
+        return row[0] if row else None
+
+    def balances(self) -> dict[int, int]:
+        return dict(self.rows(self.q("SELECT id, balance FROM {bank}.accounts")))
+
+    def applied(self) -> Counter[tuple[str, str]]:
+        """How many rows the log holds for each (transfer_id, kind)."""
+        return Counter({(t, k): n for t, k, n in self.rows(
+            self.q("SELECT transfer_id, kind, count(*) FROM {bank}.applied GROUP BY 1, 2"))})
+
+    def trace(self) -> list[tuple[str, str, int, float]]:
+        """Every run of a step body that got as far as its writes: (transfer_id, kind, pid, time)."""
+        if not self.trace_path.exists():
+            return []
+        runs = []
+        for line in self.trace_path.read_text().splitlines():
+            transfer_id, kind, pid, at = line.split()
+            runs.append((transfer_id, kind, int(pid), float(at)))
+        return runs
+
+    def execution(self, workflow_id: str) -> dict[str, Any]:
+        cur = self.db.execute("SELECT * FROM workflow_executions WHERE id = %s", (workflow_id,))
+        row = cur.fetchone()
+        assert row is not None, f"no execution {workflow_id}"
+        assert cur.description is not None
+        return {column.name: value for column, value in zip(cur.description, row, strict=True)}
+
+    def steps(self, workflow_id: str) -> list[tuple[Any, ...]]:
+        """(step_id, step_name, recorded_by_attempt, attempts, output) of every recorded step, in order."""
+        return self.rows("SELECT step_id, step_name, recorded_by_attempt, attempts, output FROM operation_outputs "
+                         "WHERE execution_id = %s ORDER BY step_id", (workflow_id,))
+
+    def status(self, workflow_id: str) -> str:
+        return str(self.scalar("SELECT status FROM workflow_executions WHERE id = %s", (workflow_id,)))
+
+    def wait_status(self, workflow_id: str, statuses: set[str], timeout: float) -> str:
+        return str(wait_for(lambda: (s := self.status(workflow_id)) in statuses and s, timeout,
+                            f"{workflow_id} to reach {sorted(statuses)} (is {self.status(workflow_id)})"))
+
+    def unfinished(self, ids: list[str]) -> int:
+        """Executions of ``ids`` not yet succeeded; fails at once if any failed or was cancelled."""
+        counts = dict(self.rows("SELECT status, count(*) FROM workflow_executions WHERE id = ANY(%s) GROUP BY 1",
+                                (ids,)))
+        if counts.get("failed") or counts.get("cancelled"):
+            pytest.fail(f"executions ended badly: {counts}; " + repr(self.rows(
+                "SELECT id, status, error FROM workflow_executions WHERE id = ANY(%s) "
+                "AND status IN ('failed', 'cancelled') LIMIT 5", (ids,))))
+        return len(ids) - int(counts.get("succeeded", 0))
+
+    def lock_holders(self) -> list[tuple[int, str]]:
+        """(backend pid, state) of the sessions, other than ours, that hold a lock on the bank's accounts."""
+        return [(int(pid), str(state)) for pid, state in self.rows(
+            "SELECT a.pid, a.state FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted "
+            "AND a.pid <> pg_backend_pid()", (f"{self.bank}.accounts",))]
+
+
+@pytest.fixture
+def bank_schema(database_url: str) -> Iterator[str]:
+    """A fresh application schema in the same database: the accounts and the log of applied effects."""
+    name = f"bank_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        bank.create(conn, name, ACCOUNTS, OPENING)
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def h(spawn_worker: Callable[..., subprocess.Popen[bytes]], make_app: Callable[..., pgdurable.App],
+      database_url: str, schema: str, bank_schema: str, tmp_path: Path) -> Iterator[Harness]:
+    client = make_app()
+    wf = bank.define(client)
+    client.migrate()  # before any worker starts, so workers and the test agree on a ready schema
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        yield Harness(spawn_worker, tmp_path, conn, client, wf, bank_schema)
+
+
+# -- 1. exactly once while workers are SIGKILLed at random --------------------------------------------------
+
+def test_transfers_apply_exactly_once_while_workers_are_killed_at_random(h: Harness) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    transfers = []
+    for i in range(200):
+        source, target = rng.sample(range(ACCOUNTS), 2)
+        # each step pauses twice, up to 0.2 s each time, inside its transaction (before and after its writes)
+        transfers.append((f"tr-{i:03d}", source, target, rng.randint(1, 100), 0.2))
+    ids = [t[0] for t in transfers]
+    expected = dict.fromkeys(range(ACCOUNTS), OPENING)
+    for _, source, target, amount, _ in transfers:
+        expected[source] -= amount
+        expected[target] += amount
+
+    workers = [h.spawn(wait=False) for _ in range(3)]
+    for proc in workers:
+        h.wait_registered(proc)
+    started = time.monotonic()
+    h.client.enqueue_many(h.wf.transfer, transfers, workflow_ids=ids)
+
+    kills, in_flight, victims = 0, 0, []
+    deadline = started + 120
+    while h.unfinished(ids):
+        assert time.monotonic() < deadline, f"not done after 120 s: {h.unfinished(ids)} left, {kills} kills"
+        pause_until = time.monotonic() + rng.uniform(0.3, 1.0)
+        while time.monotonic() < pause_until and h.unfinished(ids):
+            time.sleep(0.05)
+        if not h.unfinished(ids):
+            break
+        index = rng.randrange(len(workers))
+        victim = workers[index]
+        # what it holds right now (it may claim more before the signal lands)
+        in_flight += int(h.scalar("SELECT count(*) FROM workflow_executions WHERE status = 'running' "
+                                  "AND split_part(owner_id, ':', 2) = %s", (str(victim.pid),)))
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        assert victim.returncode == -signal.SIGKILL, h.log(victim)
+        kills += 1
+        victims.append(victim.pid)
+        workers[index] = h.spawn(wait=False)
+    elapsed = time.monotonic() - started
+
+    # Every workflow succeeded, each step is recorded exactly once.
+    assert h.unfinished(ids) == 0
+    assert h.scalar("SELECT count(*) FROM operation_outputs WHERE execution_id = ANY(%s)", (ids,)) == 2 * len(ids)
+    assert h.rows("SELECT execution_id FROM operation_outputs WHERE execution_id = ANY(%s) "
+                  "GROUP BY 1 HAVING array_agg(step_name ORDER BY step_id) <> %s",
+                  (ids, ["bank.debit", "bank.credit"])) == []
+    # Money is neither created nor lost, and every account holds exactly what the transfers imply.
+    balances = h.balances()
+    assert sum(balances.values()) == ACCOUNTS * OPENING
+    assert balances == expected
+    # Each transfer's debit and credit were applied exactly once: no missing and no duplicate log rows.
+    applied = h.applied()
+    duplicates = sum(n - 1 for n in applied.values() if n > 1)
+    missing = [(t, k) for t in ids for k in ("debit", "credit") if applied[(t, k)] == 0]
+    assert duplicates == 0, [key for key, n in applied.items() if n > 1]
+    assert missing == []
+    assert set(applied) == {(t, k) for t in ids for k in ("debit", "credit")}
+    # Each log row is the effect its transfer asked for, on the right account.
+    logged = {(t, k): (account, amount) for t, k, account, amount in h.rows(
+        h.q("SELECT transfer_id, kind, account, amount FROM {bank}.applied"))}
+    for transfer_id, source, target, amount, _ in transfers:
+        assert logged[(transfer_id, "debit")] == (source, -amount)
+        assert logged[(transfer_id, "credit")] == (target, amount)
+
+    # The kills really landed on work: executions were taken over, and some step bodies ran, wrote, and
+    # were rolled back (their process died before the commit) before running again elsewhere.
+    recovered = int(h.scalar("SELECT count(*) FROM workflow_executions WHERE id = ANY(%s) AND recoveries > 0",
+                             (ids,)))
+    taken_over_steps = int(h.scalar("SELECT count(*) FROM operation_outputs WHERE execution_id = ANY(%s) "
+                                    "AND recorded_by_attempt > 1", (ids,)))
+    trace = h.trace()
+    rerun = len(trace) - len(applied)  # bodies that wrote, then were rolled back, and ran again
+    killed = set(victims)
+    rolled_back_by_kill = sum(1 for *_, pid, _ in trace if pid in killed) - int(h.scalar(
+        h.q("SELECT count(*) FROM {bank}.applied WHERE pid = ANY(%s)"), (list(killed),)))
+    print(f"\nexactly-once: {len(ids)} workflows, {kills} kills ({in_flight} executions in flight at the kills, "
+          f"{recovered} recovered, {taken_over_steps} steps recorded by a later attempt, {rerun} step bodies "
+          f"rolled back and re-run, {rolled_back_by_kill} by a kill), duplicates {duplicates}, "
+          f"elapsed {elapsed:.1f}s, seed {seed}")
+    assert kills >= 5
+    assert in_flight > 0 and recovered > 0
+    for proc in workers:
+        assert proc.poll() is None, h.log(proc)
+
+
+# -- 2. a step that fails between its writes and its commit ------------------------------------------------
+
+def test_step_failing_after_its_writes_leaves_no_trace(h: Harness) -> None:
+    marker = h.tmp_path / "failed-once"
+    proc = h.spawn("-c", "2")
+    handle = h.client.enqueue(h.wf.flaky_deposit, "dep-1", 3, 250, str(marker), workflow_id="dep-1")
+    assert handle.result(timeout=20) == OPENING + 250  # not + 500: the first try's UPDATE was rolled back
+
+    first_pid, first_balance = marker.read_text().split()
+    assert int(first_pid) == proc.pid  # the first try ran in the worker process, wrote, saw its write, failed
+    assert int(first_balance) == OPENING + 250
+    assert [(t, k, pid) for t, k, pid, _ in h.trace()] == [("dep-1", "deposit", proc.pid)] * 2  # two tries
+
+    assert h.balances() == {**dict.fromkeys(range(ACCOUNTS), OPENING), 3: OPENING + 250}
+    assert h.applied() == {("dep-1", "deposit"): 1}
+    execution = h.execution("dep-1")
+    assert execution["status"] == "succeeded" and execution["attempt"] == 1 and execution["recoveries"] == 0
+    # one record, made by the second try of the step in the same attempt
+    assert h.steps("dep-1") == [(0, "bank.deposit_failing_once", 1, 2, OPENING + 250)]
+    assert proc.poll() is None
+    assert "Traceback" not in h.log(proc)
+
+
+# -- 3. a worker paused inside its open transaction -------------------------------------------------------
+
+def test_worker_paused_inside_its_transaction_loses_its_locks_and_cannot_commit(h: Harness) -> None:
+    zombie_lease = 4.0  # also its step transactions' idle_in_transaction_session_timeout
+    heartbeat = zombie_lease / 3
+    marker = h.tmp_path / "paused"
+    zombie = h.spawn("-c", "2", BANK_LEASE=str(zombie_lease))
+    wid = "slow-1"
+    # The step writes, then (first time only) pauses 4 s, running SELECT 1 every 50 ms: unpaused, it commits.
+    h.client.enqueue(h.wf.slow_deposit, wid, 7, 500, str(marker), 4.0, workflow_id=wid)
+    wait_for(marker.exists, 15, "the step to write and begin its pause", interval=0.002)
+    assert int(marker.read_text()) == zombie.pid
+
+    def lease() -> Any:
+        return h.scalar("SELECT lease_expires FROM workflow_executions WHERE id = %s", (wid,))
+
+    # Stop the zombie shortly before its next heartbeat: its lease then runs out most of a heartbeat period
+    # before the server's idle timer (started by its last statement, just before the stop) ends its session,
+    # so the successor claims the execution while the zombie's transaction still holds the row lock.
+    claimed = lease()
+    wait_for(lambda: lease() != claimed, 2 * heartbeat, "a heartbeat of the zombie", interval=0.003)
+    time.sleep(heartbeat - 0.35)
+    zombie.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        holders = wait_for(lambda: [x for x in h.lock_holders() if x[1].startswith("idle in transaction")], 2,
+                           "the paused transaction to sit idle")
+        assert len(holders) == 1, holders
+        zombie_backend = holders[0][0]
+        assert h.balances()[7] == OPENING  # written, not committed
+
+        successor = h.spawn("-c", "2")  # lease 2 s
+        # The server ends the paused session after a lease of idling in its transaction, although the client
+        # is still stopped (so the session was not closed from the client's side). Meanwhile the successor,
+        # which took the execution over when the lease ran out, waits for the zombie's row lock.
+        last_seen, blocked = time.time(), set()
+        while h.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (zombie_backend,)):
+            last_seen = time.time()
+            blocked.update(r[0] for r in h.rows("SELECT pid FROM pg_stat_activity "
+                                                "WHERE %s = ANY (pg_blocking_pids(pid))", (zombie_backend,)))
+            assert time.monotonic() - stopped < zombie_lease + 3, "the paused session was not ended"
+            time.sleep(0.01)
+        ended_after = time.monotonic() - stopped
+        assert zombie.poll() is None
+        assert len(blocked) == 1, "the successor's step should have waited for the zombie's row lock"
+
+        # Once the lock is free, the successor's step commits.
+        h.wait_status(wid, {"succeeded"}, timeout=20)
+        assert h.execution(wid)["attempt"] == 2
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+
+    # The zombie wakes inside the step: its session is gone, and it learns it lost the lease. It must
+    # neither commit nor run the step again.
+    wait_for(lambda: "no longer owned" in h.log(zombie), 15, "the zombie to stop its attempt")
+    time.sleep(0.5)  # nothing may change after it woke up
+
+    execution = h.execution(wid)
+    assert execution["status"] == "succeeded" and execution["attempt"] == 2 and execution["recoveries"] == 1
+    assert execution["owner_id"] is None
+    assert execution["output"]["pid"] == successor.pid
+    assert h.balances() == {**dict.fromkeys(range(ACCOUNTS), OPENING), 7: OPENING + 500}
+    assert h.applied() == {(wid, "deposit"): 1}
+    assert h.scalar(h.q("SELECT pid FROM {bank}.applied")) == successor.pid
+    [(step_id, name, recorded_by, _, output)] = h.steps(wid)
+    assert (step_id, name, recorded_by) == (0, "bank.deposit_pausing_once", 2)
+    assert output["pid"] == successor.pid and output["balance"] == OPENING + 500
+    # The successor's step began while the zombie still held the row lock, and its UPDATE returned only
+    # after the server had ended the zombie's session.
+    step_started = float(h.scalar("SELECT extract(epoch FROM started_at)::float8 FROM operation_outputs "
+                                  "WHERE execution_id = %s", (wid,)))
+    assert step_started < last_seen < output["written_at"]
+    runs = [(transfer_id, pid) for transfer_id, _, pid, _ in h.trace()]
+    assert runs == [(wid, zombie.pid), (wid, successor.pid)]  # the zombie did not run the body again
+    zombie_log = h.log(zombie)
+    assert f"{wid} attempt 1: lease lost, stopping it" in zombie_log
+    assert f"{wid} attempt 1: stopped, no longer owned" in zombie_log
+    print(f"\nzombie: session ended by the server {ended_after:.2f}s after SIGSTOP (lease {zombie_lease:.0f}s); "
+          f"the successor's step waited {output['written_at'] - step_started:.2f}s for the row lock")
+    assert zombie.poll() is None and successor.poll() is None  # both live on as healthy workers
