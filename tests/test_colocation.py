@@ -13,6 +13,9 @@ import asyncpg
 import psycopg
 import pytest
 from psycopg import sql
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 import pgdurable
 
@@ -312,3 +315,55 @@ def test_application_role_cannot_touch_the_tables(app: pgdurable.App, database_u
             for role in (app_role, worker_role):
                 conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
                 conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_sqlalchemy_session_step_and_enqueue(app: pgdurable.App, bank: str, database_url: str,
+                                             start_worker: Callable[..., Any]) -> None:
+    @app.transaction()
+    def pay(session: Session, amount: int) -> int:
+        session.execute(text(f'UPDATE "{bank}".accounts SET balance = balance - :a WHERE id = :i'),
+                        {"a": amount, "i": "alice"})
+        balance = session.execute(text(f'SELECT balance FROM "{bank}".accounts WHERE id = :i'),
+                                  {"i": "alice"}).scalar_one()
+        return int(balance)
+
+    @app.workflow()
+    def checkout(amount: int) -> int:
+        return pay(amount)
+
+    app.migrate()
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(database_url))
+    try:
+        with Session(engine) as session:
+            with session.begin():
+                app.enqueue(checkout, 1, workflow_id="sa-rolled-back", conn=session)
+                session.rollback()
+            with session.begin():
+                session.execute(text(f'INSERT INTO "{bank}".applied VALUES (:t, :a)'), {"t": "sa-1", "a": 30})
+                handle = app.enqueue(checkout, 30, workflow_id="sa-1", conn=session)
+    finally:
+        engine.dispose()
+    start_worker(app)
+    assert handle.result(timeout=10) == 970
+    assert app.get("sa-rolled-back") is None
+    assert applied(database_url, bank) == {"sa-1": 1}  # the business row and the workflow, together
+    assert balances(database_url, bank)["alice"] == 970
+    assert app.steps("sa-1")[0].step_name == "pay"
+
+
+async def test_sqlalchemy_async_session_step(app: pgdurable.App, bank: str, database_url: str,
+                                             start_worker: Callable[..., Any]) -> None:
+    @app.transaction(isolation="repeatable read")
+    async def refund(session: AsyncSession, amount: int) -> str:
+        level = (await session.execute(text("SHOW transaction_isolation"))).scalar_one()
+        await session.execute(text(f'UPDATE "{bank}".accounts SET balance = balance + :a WHERE id = :i'),
+                              {"a": amount, "i": "bob"})
+        return str(level)
+
+    @app.workflow()
+    async def refund_flow(amount: int) -> str:
+        return await refund(amount)
+
+    start_worker(app)
+    assert await (await app.enqueue_async(refund_flow, 5)).result_async(timeout=10) == "repeatable read"
+    assert balances(database_url, bank)["bob"] == 1005

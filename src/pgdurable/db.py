@@ -148,6 +148,9 @@ class Database:
                 await pool.close()
 
     def close(self) -> None:
+        from .orm import dispose
+
+        dispose(self)
         for pool in (self._pool, self._app_pool):
             if pool is not None:
                 pool.close()

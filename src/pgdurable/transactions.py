@@ -9,10 +9,11 @@ commit together, or neither does and the step runs again from a clean state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -20,6 +21,7 @@ from psycopg import sql
 
 from .context import current
 from .errors import ConfigurationError, LeaseLost
+from .orm import async_session_transaction, session_kind, session_transaction
 from .serialization import Signature
 from .steps import RetryPolicy, StepRun, running_step
 
@@ -69,9 +71,16 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                           isolation: str | None) -> Callable[..., Any]:
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
-    if not inspect.signature(fn).parameters:
+    signature = Signature(fn)
+    parameters = list(signature.param_hints)
+    if not parameters:
         raise ConfigurationError(f"transactional step {name!r} must take the connection as its first parameter")
-    return_hint = Signature(fn).return_hint
+    first_hint = signature.param_hints[parameters[0]]
+    kind = session_kind(first_hint)
+    is_async = inspect.iscoroutinefunction(fn)
+    if kind is not None and (kind == "async") != is_async:
+        raise ConfigurationError(f"transactional step {name!r}: use Session with `def` and AsyncSession with "
+                                 "`async def`")
     set_isolation = ISOLATION_LEVELS[isolation]
     checkpoint = sql.SQL("SELECT {}.checkpoint_step(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)").format(
         sql.Identifier(app.schema))
@@ -83,28 +92,47 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
     opening.append((sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"),
                     (str(int(app.settings.lease_seconds * 1000)),)))
 
-    if inspect.iscoroutinefunction(fn):
+    # What the step receives, and the psycopg connection under it, in a new transaction.
+    @contextlib.contextmanager
+    def transaction() -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
+        if kind == "sync":
+            with session_transaction(app.db, first_hint) as (session, conn):
+                yield session, conn
+        else:
+            with app.db.app_pool.connection() as conn, conn.transaction():
+                yield conn, conn
+
+    @contextlib.asynccontextmanager
+    async def async_transaction() -> AsyncIterator[tuple[Any, psycopg.AsyncConnection[Any]]]:
+        if kind == "async":
+            async with async_session_transaction(app.db, first_hint) as (session, conn):
+                yield session, conn
+        else:
+            pool = await app.db.app_async_pool()
+            async with pool.connection() as conn, conn.transaction():
+                yield conn, conn
+
+    if is_async:
         async_fn = fn
 
         @functools.wraps(fn)
-        async def async_transaction(*args: Any, **kwargs: Any) -> Any:
+        async def async_step(*args: Any, **kwargs: Any) -> Any:
             ctx = current()
-            pool = await app.db.app_async_pool()
             if ctx is None:  # outside a workflow: a plain transaction, nothing recorded
-                async with pool.connection() as conn, conn.transaction():
+                async with async_transaction() as (handle, conn):
                     for statement, params in opening:
                         await conn.execute(statement, params)
-                    return await async_fn(conn, *args, **kwargs)
-            run = TransactionRun(ctx, name, policy, return_hint)
+                    return await async_fn(handle, *args, **kwargs)
+            run = TransactionRun(ctx, name, policy, signature.return_hint)
             if run.recorded is not None:
                 return run.replay()
             with running_step():
                 for _ in run.attempts():
                     try:
-                        async with pool.connection() as conn, conn.transaction():
+                        async with async_transaction() as (handle, conn):
                             for statement, params in opening:
                                 await conn.execute(statement, params)
-                            value = await async_fn(conn, *args, **kwargs)
+                            value = await async_fn(handle, *args, **kwargs)
                             cur = await conn.execute(checkpoint, run.checkpoint_params(value))
                             if not (row := await cur.fetchone()) or not row[0]:
                                 raise _Fenced
@@ -119,26 +147,26 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
             await ctx.record(*run.checkpoint())  # only the error: none of the step's writes was kept
             return run.result()
 
-        step: Callable[..., Any] = async_transaction
+        step: Callable[..., Any] = async_step
     else:
         @functools.wraps(fn)
-        def sync_transaction(*args: Any, **kwargs: Any) -> Any:
+        def sync_step(*args: Any, **kwargs: Any) -> Any:
             ctx = current()
             if ctx is None:
-                with app.db.app_pool.connection() as conn, conn.transaction():
+                with transaction() as (handle, conn):
                     for statement, params in opening:
                         conn.execute(statement, params)
-                    return fn(conn, *args, **kwargs)
-            run = TransactionRun(ctx, name, policy, return_hint)
+                    return fn(handle, *args, **kwargs)
+            run = TransactionRun(ctx, name, policy, signature.return_hint)
             if run.recorded is not None:
                 return run.replay()
             with running_step():
                 for _ in run.attempts():
                     try:
-                        with app.db.app_pool.connection() as conn, conn.transaction():
+                        with transaction() as (handle, conn):
                             for statement, params in opening:
                                 conn.execute(statement, params)
-                            value = fn(conn, *args, **kwargs)
+                            value = fn(handle, *args, **kwargs)
                             if not (row := conn.execute(checkpoint, run.checkpoint_params(value)).fetchone()) \
                                     or not row[0]:
                                 raise _Fenced
@@ -153,6 +181,6 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
             ctx.record_sync(*run.checkpoint())
             return run.result()
 
-        step = sync_transaction
+        step = sync_step
     step.__pgdurable_step__ = name  # type: ignore[attr-defined]
     return step
