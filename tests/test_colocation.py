@@ -215,8 +215,8 @@ def test_sql_function_enqueues_validates_and_reports(app: pgdurable.App, databas
         ]:
             with pytest.raises(psycopg.Error, match=message):
                 conn.execute(sql.SQL("SELECT {}.enqueue_workflow(" + bad_call + ")").format(fn))
-        with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="limit is 1 MiB"):
-            big = json.dumps({"blob": uuid.uuid4().hex * 100_000})
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="limit is 8 MiB"):
+            big = json.dumps({"blob": "x" * (9 * 1024 * 1024)})
             conn.execute(sql.SQL("SELECT {}.enqueue_workflow('ship', %s::jsonb)").format(fn), (big,))
         start_worker(app)
         assert app.handle("sql-1").result(timeout=10) == "9 standard"

@@ -132,3 +132,18 @@ def test_cli_migrate(database_url: str, schema: str) -> None:
     assert first.exit_code == 0 and "applied" in first.output
     second = _cli(database_url, schema, "migrate")
     assert "already up to date" in second.output
+
+
+def test_a_schema_newer_than_the_code_is_refused(database_url: str, schema: str) -> None:
+    migrate(database_url, schema)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {}.schema_migrations (version, name) VALUES (9999, 'from_the_future')")
+                     .format(sql.Identifier(schema)))
+    with pytest.raises(pgdurable.ConfigurationError, match=r"version 9999.*Upgrade pgdurable"):
+        migrate(database_url, schema)
+    app = pgdurable.App(database_url, schema=schema)
+    try:
+        with pytest.raises(pgdurable.ConfigurationError, match="newer pgdurable"):
+            app.list_workflows()
+    finally:
+        app.close()

@@ -19,7 +19,7 @@ from .db import Database
 from .embedded import embedded_database_url
 from .errors import ConfigurationError, SerializationError, WorkflowIdConflict
 from .migrations import migrate
-from .serialization import JsonSerializer, Serializer
+from .serialization import JsonSerializer, Serializer, SizeLimit
 from .steps import RetryPolicy, make_step
 from .transactions import make_transaction_step
 from .workflows import Registry, Workflow, default_name
@@ -40,7 +40,7 @@ class App:
                  settings: Settings | None = None, **tunables: Any) -> None:
         self.schema = schema_name(schema)
         self.settings = settings or Settings(**tunables)
-        self.serializer: Serializer = serializer or JsonSerializer()
+        self.serializer = SizeLimit(serializer or JsonSerializer(), self.settings.max_payload_bytes)
         self.registry = Registry()
         # Resolved on first use, so an App can be defined at import time before the environment is set.
         self.db = Database(lambda: database_url or database_url_from_env() or embedded_database_url(),
@@ -201,11 +201,14 @@ class App:
         for i in range(0, len(ids), _BULK_CHUNK):
             chunk = list(zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True))
             try:
-                rows = self.serializer.dumps(chunk)  # one encoder call for the whole chunk
+                rows = self.serializer.inner.dumps(chunk)  # one encoder call for the whole chunk
             except SerializationError:
-                for _, arguments_of_one in chunk:  # name the argument that cannot be stored
+                rows = ""
+            if not rows or len(rows) > self.serializer.max_bytes:
+                for _, arguments_of_one in chunk:  # name the argument that cannot be stored, or is too big
                     self._encode_bound(definition, arguments_of_one)
-                raise
+                if not rows:
+                    raise SerializationError(f"arguments of workflow {definition.name!r} cannot be stored")
             calls.append(store.enqueue_many(
                 rows=rows, name=definition.name, queue=queue or definition.queue,
                 priority=definition.priority if priority is None else priority,

@@ -90,12 +90,23 @@ def worker(
     target: Annotated[str, typer.Argument(help="The App to serve, as MODULE:ATTRIBUTE.")],
     queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to serve (repeatable).")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Executions run at once.")] = 16,
+    wait_for_db: Annotated[float, typer.Option(
+        "--wait-for-db", help="Seconds to keep retrying while the database does not answer at start.")] = 300.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a worker: claim executions, run them, heartbeat, sweep. SIGTERM/SIGINT stops it gracefully."""
     _setup_logging(verbose)
     app = _load_app(target)
     import asyncio
+
+    from .errors import ConfigurationError
+    from .startup import wait_for_database
+
+    try:
+        wait_for_database(app.db, wait_for_db)
+    except ConfigurationError as exc:
+        console.print(f"[red]pgdurable worker: {exc}[/red]")
+        raise typer.Exit(2) from None
 
     runner = app.worker(queues=queue or None, concurrency=concurrency)
     asyncio.run(runner.run(handle_signals=True))

@@ -53,12 +53,17 @@ class Settings:
     unknown_workflow_grace_seconds: float | None = 300.0
     # Graceful shutdown: how long running workflows get to finish before they are released.
     shutdown_grace_seconds: float = 10.0
+    # The largest input, step output or result accepted, as encoded JSON text. The SQL function
+    # enqueue_workflow applies the same default limit.
+    max_payload_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:
             raise ConfigurationError("lease_seconds, poll_seconds and sweep_seconds must be positive")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must be >= 0")
+        if self.max_payload_bytes < 1024:
+            raise ConfigurationError("max_payload_bytes must be at least 1024")
 
     @property
     def heartbeat_seconds(self) -> float:

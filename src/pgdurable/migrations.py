@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .errors import ConfigurationError
 from .sqlfiles import migrations
 
 log = logging.getLogger("pgdurable")
@@ -36,7 +37,13 @@ def applied_version(conn: psycopg.Connection[Any], schema: str) -> int:
 def migrate(conninfo: str, schema: str) -> list[int]:
     """Bring ``schema`` up to date; returns the versions this call applied (empty if none were needed)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        if applied_version(conn, schema) >= latest_version():
+        found = applied_version(conn, schema)
+        if found > latest_version():
+            raise ConfigurationError(
+                f"schema {schema!r} is at version {found}, but this pgdurable knows versions up to "
+                f"{latest_version()}: a newer pgdurable migrated it. Upgrade pgdurable here; running older code "
+                "against a newer schema is refused")
+        if found == latest_version():
             return []
         applied: list[int] = []
         with conn.transaction():

@@ -63,6 +63,32 @@ class JsonSerializer:
             raise SerializationError(f"cannot decode payload as {type_hint!r}: {exc}") from None
 
 
+class SizeLimit:
+    """Wraps a serializer: refuses payloads larger than ``max_bytes`` with a clear error, whatever the format.
+
+    Inputs, step outputs and results all live in hot rows; a payload of tens of megabytes belongs in a
+    table of its own (or object storage), with its key passed instead.
+    """
+
+    def __init__(self, inner: Serializer, max_bytes: int) -> None:
+        self.inner = inner
+        self.max_bytes = max_bytes
+
+    def dumps(self, value: Any) -> str:
+        text = self.inner.dumps(value)
+        self.check(text)
+        return text
+
+    def check(self, text: str) -> None:
+        if len(text) > self.max_bytes:  # characters: a lower bound of the UTF-8 size, and cheap
+            raise SerializationError(
+                f"payload of {len(text) / 1048576:.1f} MiB exceeds the limit of {self.max_bytes / 1048576:.1f} MiB "
+                "(App(max_payload_bytes=...)); store large data elsewhere and pass its key")
+
+    def loads(self, text: str, type_hint: Any = Any) -> Any:
+        return self.inner.loads(text, type_hint)
+
+
 class Signature:
     """A function's parameters and return type, for encoding its arguments by name and decoding results."""
 
@@ -107,6 +133,8 @@ class Signature:
 
     def decode_input(self, serializer: Serializer, text: str) -> tuple[list[Any], dict[str, Any]]:
         """Rebuild call arguments from stored input, typed by the signature."""
+        if isinstance(serializer, SizeLimit):
+            serializer = serializer.inner
         if isinstance(serializer, JsonSerializer):
             try:
                 raw = self._input_adapter.validate_json(text)

@@ -33,8 +33,8 @@ BEGIN
                         coalesce(jsonb_typeof(input), 'NULL')
             USING ERRCODE = '22023', HINT = 'for example: ''{"order_id": 42}''::jsonb';
     END IF;
-    IF pg_column_size(input) > 1048576 THEN
-        RAISE EXCEPTION 'enqueue_workflow: input is % bytes; the limit is 1 MiB', pg_column_size(input)
+    IF octet_length(input::text) > 8388608 THEN
+        RAISE EXCEPTION 'enqueue_workflow: input is % bytes of JSON; the limit is 8 MiB', octet_length(input::text)
             USING ERRCODE = '54000', HINT = 'store large payloads in a table and pass their key';
     END IF;
     IF queue IS NULL OR queue !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN

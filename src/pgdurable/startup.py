@@ -1,0 +1,45 @@
+"""Starting against a database that is not there yet: wait with backoff, but fail fast on bad credentials."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import psycopg
+
+from .db import Database
+from .errors import ConfigurationError
+
+log = logging.getLogger("pgdurable")
+
+
+def is_credentials_error(exc: psycopg.Error) -> bool:
+    """Wrong user, password or database name: waiting will not fix it."""
+    state = getattr(exc, "sqlstate", None) or ""
+    text = str(exc)
+    return state.startswith("28") or state == "3D000" or any(
+        hint in text for hint in ("password authentication failed", "does not exist", "no pg_hba.conf entry"))
+
+
+def wait_for_database(db: Database, timeout: float) -> None:
+    """Connect (and migrate) once the database answers, retrying with backoff for up to ``timeout`` seconds.
+
+    Raises ConfigurationError at once for credentials that the server refuses, and after ``timeout`` when it
+    never answered.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.5
+    while True:
+        try:
+            db.ensure_schema()
+            return
+        except psycopg.OperationalError as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            if is_credentials_error(exc):
+                raise ConfigurationError(f"the database refused these credentials: {reason}") from None
+            if time.monotonic() + delay > deadline:
+                raise ConfigurationError(
+                    f"the database did not answer within {timeout:.0f} s: {reason}") from None
+            log.warning("database unavailable (%s); retrying in %.1f s", reason, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
