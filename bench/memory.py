@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
+
 if __package__ in (None, ""):  # run as a script: make the repository root importable, as the workers do
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -38,6 +40,23 @@ from bench.throughput import (
     rss_kb,
     setup,
 )
+
+
+def table_health(url: str, schema: str) -> str:
+    """Size, live and dead tuples, and autovacuum runs of the engine's two big tables."""
+    parts = []
+    with psycopg.connect(url) as conn:
+        for table in ("workflow_executions", "operation_outputs"):
+            row = conn.execute(
+                "SELECT pg_total_relation_size(c.oid), s.n_live_tup, s.n_dead_tup, s.autovacuum_count "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE n.nspname = %s AND c.relname = %s",
+                (schema, table)).fetchone()
+            if row:
+                size, live, dead, vacuums = row
+                parts.append(f"{table} {size / 1048576:.1f} MB, {live} live, {dead} dead, "
+                             f"{vacuums} autovacuums")
+    return "; ".join(parts)
 
 
 def main() -> int:
@@ -79,6 +98,7 @@ def main() -> int:
         rss, _ = rss_kb(worker.pid)
         samples.append((0, 0.0, rss))
         print(f"pgdurable   memory: {0:>8} done, idle worker, VmRSS {rss / 1024:7.1f} MB", flush=True)
+        print(f"pgdurable   tables before: {table_health(args.url, args.schema)}", flush=True)
         meter = CpuMeter(worker.pid)
         t0 = time.time()
         enqueue_next()
@@ -91,8 +111,8 @@ def main() -> int:
             if done >= next_sample:
                 rss, _ = rss_kb(worker.pid)
                 samples.append((done, time.time() - t0, rss))
-                print(f"pgdurable   memory: {done:>8} done, {time.time() - t0:7.1f} s, VmRSS {rss / 1024:7.1f} MB",
-                      flush=True)
+                print(f"pgdurable   memory: {done:>8} done, {time.time() - t0:7.1f} s, VmRSS {rss / 1024:7.1f} MB; "
+                      f"{table_health(args.url, args.schema)}", flush=True)
                 next_sample = (done // every + 1) * every
             if done >= n:
                 break
@@ -103,6 +123,7 @@ def main() -> int:
             time.sleep(args.poll)
         wall = time.time() - t0
         cpu = meter.line("memory", wall)
+        print(f"pgdurable   tables after: {table_health(args.url, args.schema)}", flush=True)
         rss, hwm = rss_kb(worker.pid)
         if samples[-1][0] < n:
             samples.append((n, wall, rss))
