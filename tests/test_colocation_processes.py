@@ -280,7 +280,9 @@ def test_worker_paused_inside_its_transaction_loses_its_locks_and_cannot_commit(
     wid = "slow-1"
     # The step writes, then (first time only) pauses 4 s, running SELECT 1 every 50 ms: unpaused, it commits.
     h.client.enqueue(h.wf.slow_deposit, wid, 7, 500, str(marker), 4.0, workflow_id=wid)
-    wait_for(marker.exists, 15, "the step to write and begin its pause", interval=0.002)
+    # the marker is created, then written: wait for its content, not just for the file
+    wait_for(lambda: marker.exists() and marker.read_text().strip() != "", 15,
+             "the step to write and begin its pause", interval=0.002)
     assert int(marker.read_text()) == zombie.pid
 
     def lease() -> Any:
