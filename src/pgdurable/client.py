@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import psycopg
 from psycopg import sql
 
 from . import store
@@ -24,6 +25,8 @@ R = TypeVar("R")
 
 # Waiters re-check the row this often even without a notification: a safety net, not the latency.
 _RECHECK_SECONDS = 5.0
+# A waiter whose status check lost its connection retries after this long, doubling up to a second.
+_RETRY_FIRST_SECONDS = 0.05
 
 
 class CompletionListener:
@@ -116,7 +119,7 @@ class WorkflowHandle(Generic[R]):
     def result(self, timeout: float | None = None) -> R:
         """Wait for the workflow to finish; return its result or raise ``WorkflowFailed``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        outcome = self.app.db.run(store.get_status(self.workflow_id))
+        outcome = self._status(deadline)
         if self._is_final(outcome):  # already finished: no need to listen
             return self._decode(outcome)
         finished = threading.Event()
@@ -124,13 +127,27 @@ class WorkflowHandle(Generic[R]):
         unsubscribe = self.app.completions.subscribe(self.workflow_id, finished.set)
         try:
             while True:
-                outcome = self.app.db.run(store.get_status(self.workflow_id))
+                outcome = self._status(deadline)
                 if self._is_final(outcome):
                     return self._decode(outcome)
                 finished.wait(self._wait_time(deadline))
                 finished.clear()
         finally:
             unsubscribe()
+
+    def _status(self, deadline: float | None) -> tuple[Any, ...] | None:
+        """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
+        workflow's outcome: the pool replaces the connection, and the wait goes on until the deadline."""
+        delay = _RETRY_FIRST_SECONDS
+        while True:
+            try:
+                return self.app.db.run(store.get_status(self.workflow_id))
+            except psycopg.OperationalError as exc:
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+                log.info("waiting for %s: status check failed (%s); retrying", self.workflow_id, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def cancel(self) -> bool:
         return self.app.cancel(self.workflow_id)
@@ -148,7 +165,7 @@ class WorkflowHandle(Generic[R]):
 
     async def result_async(self, timeout: float | None = None) -> R:
         deadline = None if timeout is None else time.monotonic() + timeout
-        outcome = await self.app.db.arun(store.get_status(self.workflow_id))
+        outcome = await self._status_async(deadline)
         if self._is_final(outcome):
             return self._decode(outcome)
         loop = asyncio.get_running_loop()
@@ -160,7 +177,7 @@ class WorkflowHandle(Generic[R]):
         unsubscribe = await asyncio.to_thread(self.app.completions.subscribe, self.workflow_id, wake)
         try:
             while True:
-                outcome = await self.app.db.arun(store.get_status(self.workflow_id))
+                outcome = await self._status_async(deadline)
                 if self._is_final(outcome):
                     return self._decode(outcome)
                 with contextlib.suppress(TimeoutError):
@@ -168,6 +185,18 @@ class WorkflowHandle(Generic[R]):
                 finished.clear()
         finally:
             unsubscribe()
+
+    async def _status_async(self, deadline: float | None) -> tuple[Any, ...] | None:
+        delay = _RETRY_FIRST_SECONDS
+        while True:
+            try:
+                return await self.app.db.arun(store.get_status(self.workflow_id))
+            except psycopg.OperationalError as exc:
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+                log.info("waiting for %s: status check failed (%s); retrying", self.workflow_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def cancel_async(self) -> bool:
         return await self.app.cancel_async(self.workflow_id)

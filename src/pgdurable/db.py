@@ -121,7 +121,7 @@ class Database:
                 self.conninfo, min_size=1, max_size=size or self.pool_size, open=False,
                 kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
             await pool.open()
-            self._async_pools[loop] = pool
+            pool = await _keep_first(self._async_pools, loop, pool)
         return pool
 
     async def app_async_pool(self) -> AsyncConnectionPool[Any]:
@@ -132,7 +132,7 @@ class Database:
             pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
                                        kwargs={"autocommit": True}, name="pgdurable-transactions-async")
             await pool.open()
-            self._app_async_pools[loop] = pool
+            pool = await _keep_first(self._app_async_pools, loop, pool)
         return pool
 
     async def arun(self, call: store.Call[T]) -> T:
@@ -155,3 +155,14 @@ class Database:
             if pool is not None:
                 pool.close()
         self._pool = self._app_pool = None
+
+
+async def _keep_first(pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]],
+                      loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool[Any]) -> AsyncConnectionPool[Any]:
+    """Register a new pool for ``loop``, unless another task of that loop registered one while this one was
+    being made (both awaited on the way): then close this one and use that one. Overwriting it instead would
+    leave it unreferenced, with its connections open and its worker tasks pending until collected."""
+    kept = pools.setdefault(loop, pool)
+    if kept is not pool:
+        await pool.close()
+    return kept

@@ -45,15 +45,40 @@ class _Fenced(Exception):
 
 
 class TransactionRun(StepRun):
-    """A transactional step's call: conflicts between transactions retry on a budget of their own."""
+    """A transactional step's call: conflicts between transactions retry on a budget of their own, and so does
+    a lost database connection."""
 
     conflicts = 0
+    # Set by the caller before ``failed``: the try failed because the step's connection was lost.
+    disconnected = False
+    reconnects = 0
+    disconnected_at: float | None = None
+    # How long a lost connection is retried before this attempt is given up (the App's lease).
+    reconnect_seconds = 0.0
 
     def retry_delay(self, exc: BaseException) -> float | None:
         if isinstance(exc, _CONFLICTS):
             self.conflicts += 1
             return float(min(0.01 * 2 ** (self.conflicts - 1), 1.0)) if self.conflicts < _CONFLICT_ATTEMPTS else None
+        if self.disconnected:
+            return self._reconnect_delay(exc)
         return super().retry_delay(exc)
+
+    def _reconnect_delay(self, exc: BaseException) -> float:
+        """A lost connection is not the step's failure, so it is never recorded as one: the transaction rolled
+        back with it (or, if COMMIT itself was cut off, committed together with the checkpoint, and the next
+        try is fenced). Retry while the lease may still hold; then give the attempt up: its lease runs out and
+        the execution resumes from its checkpoints."""
+        now = time.monotonic()
+        if self.disconnected_at is None:
+            self.disconnected_at = now
+        elif now - self.disconnected_at >= self.reconnect_seconds:
+            self.ctx.lost = True  # heartbeats leave it alone from now on
+            raise LeaseLost(f"execution {self.ctx.execution_id}: attempt {self.ctx.attempt} gave up: transactional "
+                            f"step #{self.step_id} ({self.name}) lost its database connection for "
+                            f"{now - self.disconnected_at:.1f} s ({exc})") from exc
+        self.reconnects += 1
+        return float(min(0.05 * 2 ** (self.reconnects - 1), 1.0))
 
     def checkpoint_params(self, value: Any) -> tuple[Any, ...]:
         """The checkpoint written inside the step's transaction (an unencodable result rolls it back)."""
@@ -65,6 +90,14 @@ class TransactionRun(StepRun):
         self.ctx.lost = True
         return LeaseLost(f"execution {self.ctx.execution_id}: attempt {self.ctx.attempt} lost its lease; "
                          f"transactional step #{self.step_id} ({self.name}) was rolled back")
+
+
+def _broken(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None, exc: BaseException) -> bool:
+    """Did this try fail because the step's connection was lost, or because no transaction could be opened
+    (no connection from the pool in time, or BEGIN on a connection the server had closed)?"""
+    if conn is None:
+        return isinstance(exc, psycopg.OperationalError)  # PoolTimeout is one too
+    return conn.broken
 
 
 def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: RetryPolicy,
@@ -124,22 +157,25 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                         await conn.execute(statement, params)
                     return await async_fn(handle, *args, **kwargs)
             run = TransactionRun(ctx, name, policy, signature.return_hint)
+            run.reconnect_seconds = app.settings.lease_seconds
             if run.recorded is not None:
                 return run.replay()
             with running_step():
                 for _ in run.attempts():
+                    aconn: psycopg.AsyncConnection[Any] | None = None
                     try:
-                        async with async_transaction() as (handle, conn):
+                        async with async_transaction() as (handle, aconn):
                             for statement, params in opening:
-                                await conn.execute(statement, params)
+                                await aconn.execute(statement, params)
                             value = await async_fn(handle, *args, **kwargs)
-                            cur = await conn.execute(checkpoint, run.checkpoint_params(value))
+                            cur = await aconn.execute(checkpoint, run.checkpoint_params(value))
                             if not (row := await cur.fetchone()) or not row[0]:
                                 raise _Fenced
                         run.succeeded(value)
                     except _Fenced:
                         raise run.lost() from None
                     except Exception as exc:
+                        run.disconnected = _broken(aconn, exc)
                         if (delay := run.failed(exc)) is not None:
                             await asyncio.sleep(delay)
             if run.failure is None:
@@ -158,22 +194,25 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                         conn.execute(statement, params)
                     return fn(handle, *args, **kwargs)
             run = TransactionRun(ctx, name, policy, signature.return_hint)
+            run.reconnect_seconds = app.settings.lease_seconds
             if run.recorded is not None:
                 return run.replay()
             with running_step():
                 for _ in run.attempts():
+                    sconn: psycopg.Connection[Any] | None = None
                     try:
-                        with transaction() as (handle, conn):
+                        with transaction() as (handle, sconn):
                             for statement, params in opening:
-                                conn.execute(statement, params)
+                                sconn.execute(statement, params)
                             value = fn(handle, *args, **kwargs)
-                            if not (row := conn.execute(checkpoint, run.checkpoint_params(value)).fetchone()) \
+                            if not (row := sconn.execute(checkpoint, run.checkpoint_params(value)).fetchone()) \
                                     or not row[0]:
                                 raise _Fenced
                         run.succeeded(value)
                     except _Fenced:
                         raise run.lost() from None
                     except Exception as exc:
+                        run.disconnected = _broken(sconn, exc)
                         if (delay := run.failed(exc)) is not None:
                             time.sleep(delay)
             if run.failure is None:

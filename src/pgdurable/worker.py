@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
 from psycopg import sql
 
 from . import failures, store
@@ -140,17 +141,38 @@ class Worker:
                 if running.task is not None and running.claimed.name in self._async_names():
                     running.task.cancel()
             assert self._batcher is not None  # on the writer's connection: never races a batch on these rows
-            released = await self._batcher.run(store.release(owner=self.id, ids=[r.claimed.id for r in leftover]))
-            log.info("worker %s: released %d unfinished executions to the queue", self.id, len(released))
+            try:
+                released = await self._batcher.run(
+                    store.release(owner=self.id, ids=[r.claimed.id for r in leftover]))
+                log.info("worker %s: released %d unfinished executions to the queue", self.id, len(released))
+            except Exception as exc:  # the database is out of reach: their leases expire and they are swept
+                log.warning("worker %s: could not release %d unfinished executions (%s); they resume elsewhere "
+                            "once their leases expire", self.id, len(leftover), exc)
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        if self._batcher is not None:
-            await self._batcher.close()
-        if self.claims:
-            await self._run(store.deregister_worker(self.id))
-        self._threads.shutdown(wait=False, cancel_futures=True)
-        await self.app.db.aclose_loop_pool()
+        # Whatever fails below, the pools must be closed: an open pool's tasks swallow cancellation, so the
+        # event loop could never finish and the process would hang instead of exiting.
+        try:
+            if self._batcher is not None:
+                await self._batcher.close()
+            if self.claims:
+                await self._deregister()
+        finally:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            await self.app.db.aclose_loop_pool()
+
+    async def _deregister(self) -> None:
+        # Pooled connections may have been cut (server restart, pg_terminate_backend); each failure drops one.
+        for attempt in range(1, 4):
+            try:
+                await self._run(store.deregister_worker(self.id))
+                return
+            except Exception as exc:
+                if attempt == 3:
+                    log.warning("worker %s: could not deregister (%s); the registry shows it stale", self.id, exc)
+                else:
+                    await asyncio.sleep(0.1 * attempt)
 
     def _async_names(self) -> set[str]:
         return {wf.name for wf in self.app.registry.workflows.values() if wf.is_async}
@@ -166,6 +188,7 @@ class Worker:
         lease = self.settings.lease_seconds
         batch_floor = max(1, self.concurrency // 4)
         last_claim, last_was_short = 0.0, False
+        lost_connections = 0
         while not self._stop.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
@@ -188,12 +211,22 @@ class Worker:
                     claimed = await self._run(store.claim(
                         queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit))
                     last_was_short = len(claimed) < limit
+                    lost_connections = 0
+                except psycopg.OperationalError as exc:
+                    # A lost connection (server restart, terminated backend): the pool drops it, and others
+                    # it holds may be dead too. Retry soon, backing off while the server stays away.
+                    lost_connections += 1
+                    log.warning("worker %s: claim failed (%s); retrying", self.id, exc)
+                    await asyncio.sleep(min(0.05 * 2 ** (lost_connections - 1), 1.0))
+                    continue
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", self.id)
                     await asyncio.sleep(1.0)
                     continue
                 if claimed:
-                    await self._launch(claimed)
+                    if not await self._launch(claimed):
+                        await asyncio.sleep(1.0)  # as after a failed claim
+                        continue
                     if len(claimed) == limit:
                         continue  # there may be more waiting
                 if len(self.queues) > 1 and self._next_queue % len(self.queues):
@@ -201,11 +234,23 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
 
-    async def _launch(self, claimed: list[store.Claimed]) -> None:
+    async def _launch(self, claimed: list[store.Claimed]) -> bool:
+        """Start the claimed executions; False if they could not be started (and were handed back)."""
         resumed = [c.id for c in claimed if c.attempt > 1]
-        recorded = await self._run(store.load_steps(resumed)) if resumed else {}
+        try:
+            recorded = await self._run(store.load_steps(resumed)) if resumed else {}
+        except Exception as exc:
+            # Not knowing their checkpoints, do not run them: hand them back to the queue at once (if that
+            # fails too, their leases expire and they are swept). The claim loop carries on.
+            log.warning("worker %s: could not load the checkpoints of %d resumed executions (%s); releasing "
+                        "the %d just claimed", self.id, len(resumed), exc, len(claimed))
+            assert self._batcher is not None
+            with contextlib.suppress(Exception):
+                await self._batcher.run(store.release(owner=self.id, ids=[c.id for c in claimed]))
+            return False
         for execution in claimed:
             self.adopt(execution, recorded.get(execution.id, {}))
+        return True
 
     def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep]) -> asyncio.Task[None]:
         """Run an execution this worker owns (claimed, or started in-process by App.start)."""
@@ -252,7 +297,10 @@ class Worker:
             log.exception("execution %s: could not be completed; its lease will expire and it will be retried",
                           claimed.id)
         finally:
-            self.running.pop(claimed.id, None)
+            # Only our own entry: if this attempt lost its lease and this worker has since claimed the execution
+            # again, the entry is the new attempt's, which must stay (heartbeats renew only what is listed).
+            if self.running.get(claimed.id) is running:
+                del self.running[claimed.id]
             self._wake.set()
 
     async def _call(self, workflow: Workflow[Any, Any], context: ExecutionContext, input_text: str) -> Any:

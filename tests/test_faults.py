@@ -1,0 +1,162 @@
+"""Regression tests for what the fault-injection suite (bench/chaos.py) found: lost connections, killed
+backends and lost leases must cost a retry or a recovery, never a failed workflow, a dead claim loop or a
+worker that cannot exit."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+import pgdurable
+from pgdurable import store
+from tests.conftest import FAST
+
+
+@pytest.fixture
+def named_app(database_url: str, schema: str) -> Iterator[tuple[pgdurable.App, str]]:
+    """An App whose every connection carries its own application_name, so a test can kill exactly those."""
+    name = f"pgdurable-faults-{uuid.uuid4().hex[:8]}"
+    app = pgdurable.App(make_conninfo(database_url, application_name=name), schema=schema, **FAST)
+    yield app, name
+    app.close()
+
+
+def terminate(database_url: str, application_name: str) -> int:
+    """pg_terminate_backend every connection with this application_name; how many there were."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE application_name = %s", (application_name,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(0.02)
+    return value
+
+
+def test_a_transactional_step_that_loses_its_connection_is_retried_not_failed(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    tries: list[int] = []
+
+    @app.transaction(max_attempts=1)  # a real failure would not be retried: the lost connection must be
+    def cut(conn: psycopg.Connection[Any], n: int) -> int:
+        tries.append(n)
+        if len(tries) == 1:
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")  # the server ends this session
+        return n * 2
+
+    @app.workflow()
+    def doubled(n: int) -> int:
+        return int(cut(n))
+
+    start_worker(app)
+    assert app.enqueue(doubled, 21).result(timeout=30) == 42
+    assert len(tries) == 2
+
+
+def test_result_waits_through_a_lost_connection(named_app: tuple[pgdurable.App, str], database_url: str,
+                                                start_worker: Callable[..., Any]) -> None:
+    app, name = named_app
+
+    @app.workflow()
+    def hello(who: str) -> str:
+        return f"hello {who}"
+
+    handle = app.enqueue(hello, "world")  # no worker yet: it waits in the queue
+    assert terminate(database_url, name) >= 1  # the client's pooled connection is gone
+    start_worker(app)
+    assert handle.result(timeout=30) == "hello world"
+
+
+def test_a_worker_whose_connections_were_killed_still_stops(named_app: tuple[pgdurable.App, str],
+                                                            database_url: str,
+                                                            start_worker: Callable[..., Any]) -> None:
+    app, name = named_app
+
+    @app.workflow()
+    def noop() -> None:
+        return None
+
+    runner = start_worker(app)
+    wait_for(lambda: app.db.run(store.list_workers()), 20, "the worker to register")
+    assert terminate(database_url, name) >= 2
+    runner.stop()  # fails if the thread is still alive after 30 s
+
+
+def test_a_failure_to_load_checkpoints_does_not_stop_the_claim_loop(
+        app: pgdurable.App, start_worker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    @app.workflow()
+    def echo(x: int) -> int:
+        return x
+
+    handle = app.enqueue(echo, 7)
+    with app.db.pool.connection() as conn:  # as if an earlier attempt had died: the next claim is a resume
+        conn.execute("UPDATE workflow_executions SET attempt = 1 WHERE id = %s", (handle.workflow_id,))
+    real, failed = store.load_steps, threading.Event()
+
+    def flaky(ids: list[str]) -> store.Call[Any]:
+        call = real(ids)
+        if failed.is_set():
+            return call
+
+        def lost(rows: Any) -> Any:
+            failed.set()
+            raise psycopg.OperationalError("connection lost (injected)")
+        return dataclasses.replace(call, read=lost)
+
+    monkeypatch.setattr(store, "load_steps", flaky)
+    start_worker(app)
+    assert handle.result(timeout=20) == 7
+    assert failed.is_set()
+
+
+def test_a_lost_attempt_ending_late_leaves_the_new_attempt_of_the_same_worker_alone(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    gates = [threading.Event(), threading.Event()]
+    calls: list[int] = []
+
+    @app.step()
+    def wait_at_gate() -> int:
+        calls.append(1)
+        gates[min(len(calls), 2) - 1].wait(30)
+        return len(calls)
+
+    @app.workflow()
+    def gated() -> int:
+        return int(wait_at_gate())
+
+    runner = start_worker(app)
+    handle = app.enqueue(gated)
+    wait_for(lambda: len(calls) == 1, 20, "the first attempt to reach its step")
+    with app.db.pool.connection() as conn:  # what a sweeper does once the lease has expired
+        conn.execute("UPDATE workflow_executions SET status = 'enqueued', owner_id = NULL, lease_expires = NULL "
+                     "WHERE id = %s", (handle.workflow_id,))
+    wait_for(lambda: len(calls) == 2, 20, "the same worker to claim it again")
+    gates[0].set()  # the first attempt ends: its checkpoint is refused, it stops
+    worker = runner.worker
+    wait_for(lambda: worker.busy_threads == 1, 20, "the first attempt to stop")
+    time.sleep(FAST["lease_seconds"] * 1.5)  # the second attempt's lease must have been renewed meanwhile
+    assert handle.workflow_id in worker.running
+    assert handle.get().attempt == 2 and handle.status() == "running"
+    gates[1].set()
+    assert handle.result(timeout=20) == 2
+    assert handle.get().attempt == 2
+
+
+async def test_concurrent_first_use_makes_one_async_pool(app: pgdurable.App) -> None:
+    pools = await asyncio.gather(*(app.db.app_async_pool() for _ in range(4)))
+    assert all(pool is pools[0] for pool in pools)
+    await app.db.aclose_loop_pool()
