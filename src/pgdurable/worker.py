@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgdurable.worker")
 T = TypeVar("T")
 
+_IDLE_TIMEOUT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
+
 # Claim at most this many executions per round trip.
 _CLAIM_BATCH = 64
 # A busy worker claims at most this often while few slots are free or its queue keeps running dry.
@@ -87,13 +89,26 @@ class Worker:
         async with self._pool.connection() as conn:
             return await store.arun(conn, call)
 
+    # A batch holding both checkpoints and completions is one transaction over two round trips, with the
+    # execution rows locked: a worker paused in between must not hold them past its lease, so the server
+    # ends a writer session that idles in a transaction that long.
+    def _writer_connect(self) -> psycopg.Connection[Any]:
+        conn = self.app.db.connect()
+        conn.execute(_IDLE_TIMEOUT_SQL, (str(int(self.settings.lease_seconds * 1000)),))
+        return conn
+
+    async def _writer_aconnect(self) -> psycopg.AsyncConnection[Any]:
+        conn = await self.app.db.aconnect()
+        await conn.execute(_IDLE_TIMEOUT_SQL, (str(int(self.settings.lease_seconds * 1000)),))
+        return conn
+
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     async def run(self, *, handle_signals: bool = False) -> None:
         """Work until ``stop()`` (or SIGTERM/SIGINT when ``handle_signals``), then shut down gracefully."""
         self.loop = asyncio.get_running_loop()
         self._pool = await self.app.db.async_pool(size=4)
-        self._batcher = WriteBatcher(self.app.db.aconnect, self.app.db.connect)
+        self._batcher = WriteBatcher(self._writer_aconnect, self._writer_connect)
         await self._batcher.start()
         if handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
