@@ -21,65 +21,26 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import bank
+from tests.harness import WorkerHarness, wait_for
 
 TARGET = "tests.apps.bank:app"
 ACCOUNTS, OPENING = 20, 1000
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
-
-
-class Harness:
+class Harness(WorkerHarness):
     """Bank workers on this test's engine schema, the bank's own schema, and queries on both."""
 
     def __init__(self, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
                  db: psycopg.Connection[Any], client: pgdurable.App, wf: SimpleNamespace, bank_schema: str) -> None:
-        self._spawn = spawn_worker
-        self.tmp_path = tmp_path
+        super().__init__(spawn_worker, TARGET, tmp_path, db, client, wf)
         self.trace_path = tmp_path / "trace.log"
-        self.db = db
-        self.client = client
-        self.wf = wf
         self.bank = bank_schema
-        self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, *args: str, wait: bool = True, **env: str) -> subprocess.Popen[bytes]:
-        proc = self._spawn(TARGET, *(args or ("-c", "4")),
-                           env={"BANK_SCHEMA": self.bank, "BANK_TRACE": str(self.trace_path), **env})
-        self.procs.append(proc)
-        if wait:
-            self.wait_registered(proc)
-        return proc
-
-    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-        def registered() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"worker {proc.pid} exited with {proc.returncode} before registering:\n"
-                            + self.log(proc))
-            return bool(self.scalar("SELECT count(*) FROM workers WHERE pid = %s", (proc.pid,)))
-        wait_for(registered, timeout, f"worker {proc.pid} to register")
-
-    def log(self, proc: subprocess.Popen[bytes]) -> str:
-        return (self.tmp_path / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
+        return self.start(args, {"BANK_SCHEMA": self.bank, "BANK_TRACE": str(self.trace_path), **env}, wait)
 
     def q(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(bank=sql.Identifier(self.bank))
-
-    def rows(self, query: str | sql.Composable, params: Any = ()) -> list[tuple[Any, ...]]:
-        return self.db.execute(query, params).fetchall()
-
-    def scalar(self, query: str | sql.Composable, params: Any = ()) -> Any:
-        row = self.db.execute(query, params).fetchone()
-        return row[0] if row else None
 
     def balances(self) -> dict[int, int]:
         return dict(self.rows(self.q("SELECT id, balance FROM {bank}.accounts")))
@@ -99,24 +60,10 @@ class Harness:
             runs.append((transfer_id, kind, int(pid), float(at)))
         return runs
 
-    def execution(self, workflow_id: str) -> dict[str, Any]:
-        cur = self.db.execute("SELECT * FROM workflow_executions WHERE id = %s", (workflow_id,))
-        row = cur.fetchone()
-        assert row is not None, f"no execution {workflow_id}"
-        assert cur.description is not None
-        return {column.name: value for column, value in zip(cur.description, row, strict=True)}
-
     def steps(self, workflow_id: str) -> list[tuple[Any, ...]]:
         """(step_id, step_name, recorded_by_attempt, attempts, output) of every recorded step, in order."""
         return self.rows("SELECT step_id, step_name, recorded_by_attempt, attempts, output FROM operation_outputs "
                          "WHERE execution_id = %s ORDER BY step_id", (workflow_id,))
-
-    def status(self, workflow_id: str) -> str:
-        return str(self.scalar("SELECT status FROM workflow_executions WHERE id = %s", (workflow_id,)))
-
-    def wait_status(self, workflow_id: str, statuses: set[str], timeout: float) -> str:
-        return str(wait_for(lambda: (s := self.status(workflow_id)) in statuses and s, timeout,
-                            f"{workflow_id} to reach {sorted(statuses)} (is {self.status(workflow_id)})"))
 
     def unfinished(self, ids: list[str]) -> int:
         """Executions of ``ids`` not yet succeeded; fails at once if any failed or was cancelled."""

@@ -19,6 +19,7 @@ from psycopg.conninfo import make_conninfo
 import pgdurable
 from pgdurable import store
 from tests.conftest import FAST
+from tests.harness import wait_for
 
 
 @pytest.fixture
@@ -36,15 +37,6 @@ def terminate(database_url: str, application_name: str) -> int:
         row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                            "WHERE application_name = %s", (application_name,)).fetchone()
     return int(row[0]) if row else 0
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(0.02)
-    return value
 
 
 def test_a_transactional_step_that_loses_its_connection_is_retried_not_failed(

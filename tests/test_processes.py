@@ -21,23 +21,12 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import crashy
+from tests.harness import WorkerHarness, wait_for
 
 TARGET = "tests.apps.crashy:app"
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
-
 
 @dataclass(frozen=True)
 class Effect:
@@ -49,40 +38,16 @@ class Effect:
     end: float
 
 
-class Harness:
+class Harness(WorkerHarness):
     """Spawns crashy workers on this test's schema, reads their effects file, queries the schema."""
 
     def __init__(self, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
                  db: psycopg.Connection[Any], client: pgdurable.App, wf: SimpleNamespace) -> None:
-        self._spawn = spawn_worker
-        self.tmp_path = tmp_path
+        super().__init__(spawn_worker, TARGET, tmp_path, db, client, wf)
         self.effects_path = tmp_path / "effects.log"
-        self.db = db
-        self.client = client
-        self.wf = wf
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    # processes
 
     def spawn(self, *args: str, wait: bool = True, **env: str) -> subprocess.Popen[bytes]:
-        proc = self._spawn(TARGET, *(args or ("-c", "4")),
-                           env={"CRASHY_EFFECTS": str(self.effects_path), **env})
-        self.procs.append(proc)
-        if wait:
-            self.wait_registered(proc)
-        return proc
-
-    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-        def registered() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"worker {proc.pid} exited with {proc.returncode} before registering:\n"
-                            + self.log(proc))
-            return bool(self.scalar("SELECT count(*) FROM workers WHERE pid = %s", (proc.pid,)))
-        wait_for(registered, timeout, f"worker {proc.pid} to register")
-
-    def log(self, proc: subprocess.Popen[bytes]) -> str:
-        index = self.procs.index(proc)
-        return (self.tmp_path / f"worker-{index}.log").read_text(errors="replace")
+        return self.start(args, {"CRASHY_EFFECTS": str(self.effects_path), **env}, wait)
 
     # effects
 
@@ -101,20 +66,6 @@ class Harness:
 
     # database
 
-    def rows(self, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        return self.db.execute(query, params).fetchall()
-
-    def scalar(self, query: str, params: Any = ()) -> Any:
-        row = self.db.execute(query, params).fetchone()
-        return row[0] if row else None
-
-    def execution(self, workflow_id: str) -> dict[str, Any]:
-        cur = self.db.execute("SELECT * FROM workflow_executions WHERE id = %s", (workflow_id,))
-        row = cur.fetchone()
-        assert row is not None, f"no execution {workflow_id}"
-        assert cur.description is not None
-        return {column.name: value for column, value in zip(cur.description, row, strict=True)}
-
     def steps(self, workflow_id: str) -> list[tuple[int, str, int]]:
         """(step_id, step_name, recorded_by_attempt) of every recorded step, in order."""
         return [tuple(r) for r in self.rows(
@@ -124,13 +75,6 @@ class Harness:
     def step_outputs(self, workflow_id: str) -> dict[int, Any]:
         return dict(self.rows("SELECT step_id, output FROM operation_outputs WHERE execution_id = %s",
                               (workflow_id,)))
-
-    def status(self, workflow_id: str) -> str:
-        return str(self.scalar("SELECT status FROM workflow_executions WHERE id = %s", (workflow_id,)))
-
-    def wait_status(self, workflow_id: str, statuses: set[str], timeout: float) -> str:
-        return str(wait_for(lambda: (s := self.status(workflow_id)) in statuses and s, timeout,
-                            f"{workflow_id} to reach {sorted(statuses)} (is {self.status(workflow_id)})"))
 
     def wait_all_succeeded(self, ids: list[str], timeout: float) -> None:
         def done() -> bool:

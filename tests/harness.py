@@ -1,0 +1,84 @@
+"""What the real-process tests share: polling with a deadline, and a harness that starts `pgdurable worker`
+processes on the test's schema and queries that schema."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgdurable
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class WorkerHarness:
+    """Starts workers serving ``target`` (via the ``spawn_worker`` fixture) and queries the engine schema
+    (``db`` has it on its search_path)."""
+
+    def __init__(self, spawn_worker: Callable[..., subprocess.Popen[bytes]], target: str, tmp_path: Path,
+                 db: psycopg.Connection[Any], client: pgdurable.App, wf: SimpleNamespace) -> None:
+        self._spawn = spawn_worker
+        self.target = target
+        self.tmp_path = tmp_path
+        self.db = db
+        self.client = client
+        self.wf = wf
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: tuple[str, ...], env: dict[str, str], wait: bool) -> subprocess.Popen[bytes]:
+        proc = self._spawn(self.target, *(args or ("-c", "4")), env=env)
+        self.procs.append(proc)
+        if wait:
+            self.wait_registered(proc)
+        return proc
+
+    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+        def registered() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"worker {proc.pid} exited with {proc.returncode} before registering:\n"
+                            + self.log(proc))
+            return bool(self.scalar("SELECT count(*) FROM workers WHERE pid = %s", (proc.pid,)))
+        wait_for(registered, timeout, f"worker {proc.pid} to register")
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        # the spawn_worker fixture names each worker's log by its order of start
+        return (self.tmp_path / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
+
+    def rows(self, query: str | sql.Composable, params: Any = ()) -> list[tuple[Any, ...]]:
+        return self.db.execute(query, params).fetchall()
+
+    def scalar(self, query: str | sql.Composable, params: Any = ()) -> Any:
+        row = self.db.execute(query, params).fetchone()
+        return row[0] if row else None
+
+    def execution(self, workflow_id: str) -> dict[str, Any]:
+        cur = self.db.execute("SELECT * FROM workflow_executions WHERE id = %s", (workflow_id,))
+        row = cur.fetchone()
+        assert row is not None, f"no execution {workflow_id}"
+        assert cur.description is not None
+        return {column.name: value for column, value in zip(cur.description, row, strict=True)}
+
+    def status(self, workflow_id: str) -> str:
+        return str(self.scalar("SELECT status FROM workflow_executions WHERE id = %s", (workflow_id,)))
+
+    def wait_status(self, workflow_id: str, statuses: set[str], timeout: float) -> str:
+        return str(wait_for(lambda: (s := self.status(workflow_id)) in statuses and s, timeout,
+                            f"{workflow_id} to reach {sorted(statuses)} (is {self.status(workflow_id)})"))
