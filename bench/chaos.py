@@ -229,7 +229,8 @@ class Workers:
         self.env = {**os.environ, "PGDURABLE_DATABASE_URL": url, "PGDURABLE_SCHEMA": schema,
                     "PGAPPNAME": WORKER_APP_NAME, "CHAOS_BANK_SCHEMA": bank, "CHAOS_LEASE": str(opts.lease),
                     "CHAOS_SWEEP": str(opts.sweep), "CHAOS_POLL": str(opts.poll),
-                    "CHAOS_TRACE": str(workdir / f"{label}-trace.log"), "PYTHONPATH": str(REPO)}
+                    "CHAOS_TRACE": str(workdir / f"{label}-trace.log"),
+                    "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
         self.slots: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: list[Path] = []
         self.log_of: dict[int, Path] = {}

@@ -22,6 +22,8 @@ import pgdurable
 from pgdurable.worker import Worker
 
 REPO = Path(__file__).resolve().parent.parent
+# Child processes import this checkout's package (a git worktree's too), then the tests' own modules.
+CHILD_PYTHONPATH = f"{REPO / 'src'}{os.pathsep}{REPO}"
 
 FAST = {"lease_seconds": 2.0, "poll_seconds": 0.5, "sweep_seconds": 0.3, "shutdown_grace_seconds": 2.0}
 
@@ -105,7 +107,7 @@ def spawn_worker(database_url: str, schema: str,
         proc = subprocess.Popen(
             [sys.executable, "-m", "pgdurable", "worker", target, *args],
             env={**os.environ, "PGDURABLE_DATABASE_URL": database_url, "PGDURABLE_SCHEMA": schema,
-                 "PYTHONPATH": str(REPO), **(env or {})},
+                 "PYTHONPATH": CHILD_PYTHONPATH, **(env or {})},
             stdout=log, stderr=subprocess.STDOUT)
         procs.append(proc)
         return proc

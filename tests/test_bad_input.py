@@ -113,10 +113,10 @@ def _run_worker(url: str, *args: str) -> Any:
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.conftest import CHILD_PYTHONPATH
 
     return subprocess.run([sys.executable, "-m", "pgdurable", "worker", "tests.apps.crashy:app", *args],
-                          env={**os.environ, "PGDURABLE_DATABASE_URL": url, "PYTHONPATH": str(REPO)},
+                          env={**os.environ, "PGDURABLE_DATABASE_URL": url, "PYTHONPATH": CHILD_PYTHONPATH},
                           capture_output=True, text=True, timeout=60)
 
 

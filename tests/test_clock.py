@@ -15,13 +15,13 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import crashy
-from tests.conftest import REPO
+from tests.conftest import CHILD_PYTHONPATH, REPO
 
 SKEW_DIR = REPO / "tests" / "clockskew"  # its sitecustomize shifts time.time() and datetime.now()
 
 
 def _env(skew_seconds: float) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{SKEW_DIR}{os.pathsep}{REPO}",
+    return {**os.environ, "PYTHONPATH": f"{SKEW_DIR}{os.pathsep}{CHILD_PYTHONPATH}",
             "PGDURABLE_TEST_CLOCK_SKEW": str(skew_seconds)}
 
 
