@@ -80,7 +80,8 @@ def test_cli_lists_shows_cancels_and_resumes(app: pgdurable.App, database_url: s
     assert listed.exit_code == 0, listed.output
     rows = {row["id"]: row for row in json.loads(listed.output)}
     assert rows["cli-1"]["status"] == "succeeded" and rows["cli-1"]["output"] == "hello ada"
-    assert rows["cli-2"]["status"] == "enqueued" and rows["cli-2"]["input"] == {"name": "bob"}
+    assert rows["cli-2"]["status"] == "waiting" and rows["cli-2"]["wait_reason"] == "delay"
+    assert rows["cli-2"]["input"] == {"name": "bob"}
 
     only_done = json.loads(_cli(database_url, schema, "workflows", "list", "--status", "succeeded",
                                 "--json").output)

@@ -16,8 +16,22 @@ from .errors import (
     WorkflowFailed,
     WorkflowIdConflict,
     WorkflowNotFound,
+    WorkflowTimeout,
 )
 from .serialization import JsonSerializer, Serializer
+from .waits import (
+    gather,
+    gather_async,
+    patched,
+    recv,
+    recv_async,
+    set_event,
+    set_event_async,
+    sleep,
+    sleep_async,
+    sleep_until,
+    sleep_until_async,
+)
 from .workflows import Workflow
 
 __all__ = [
@@ -38,5 +52,17 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowNotFound",
+    "WorkflowTimeout",
     "current_workflow_id",
+    "gather",
+    "gather_async",
+    "patched",
+    "recv",
+    "recv_async",
+    "set_event",
+    "set_event_async",
+    "sleep",
+    "sleep_async",
+    "sleep_until",
+    "sleep_until_async",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -11,13 +12,14 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import store
+from . import store, waits
 from .client import CompletionListener, WorkflowHandle
 from .config import Settings, database_url_from_env, schema_name
 from .connections import async_driver_connection, sync_driver_connection
+from .context import current
 from .db import Database
 from .embedded import embedded_database_url
-from .errors import ConfigurationError, SerializationError, WorkflowIdConflict
+from .errors import ConfigurationError, SerializationError, WorkflowIdConflict, WorkflowNotFound
 from .migrations import migrate
 from .serialization import JsonSerializer, Serializer, SizeLimit
 from .steps import RetryPolicy, make_step
@@ -57,16 +59,21 @@ class App:
 
     @overload
     def workflow(self, fn: None = None, *, name: str | None = None, queue: str = "default", priority: int = 0,
-                 max_recoveries: int | None = None) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
+                 max_recoveries: int | None = None,
+                 timeout_seconds: float | None = None) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
                  queue: str = "default", priority: int = 0,
-                 max_recoveries: int | None = None) -> Any:
-        """Register a workflow. Its steps are checkpointed; its return value is its result."""
+                 max_recoveries: int | None = None, timeout_seconds: float | None = None) -> Any:
+        """Register a workflow. Its steps are checkpointed; its return value is its result.
+
+        ``timeout_seconds``: a time budget counted from the first start (children inherit the deadline);
+        past it the execution fails with ``pgdurable.WorkflowTimeout``.
+        """
 
         def register(fn: Callable[..., Any]) -> Workflow[..., Any]:
             workflow = Workflow(fn, name=name or default_name(fn), queue=queue, priority=priority,
-                                max_recoveries=max_recoveries)
+                                max_recoveries=max_recoveries, timeout_seconds=timeout_seconds)
             self.registry.add(workflow)
             return workflow
 
@@ -122,15 +129,23 @@ class App:
 
     def enqueue(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                 queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                max_recoveries: int | None = None, conn: Any = None, **kwargs: Any) -> WorkflowHandle[R]:
+                max_recoveries: int | None = None, timeout_seconds: float | None = None, conn: Any = None,
+                **kwargs: Any) -> WorkflowHandle[R]:
         """Durably enqueue a workflow; a worker runs it. A given ``workflow_id`` is an idempotency key.
 
         With ``conn`` (a psycopg connection, or a SQLAlchemy Session or Connection on psycopg), the
         execution is written on that connection, in its current transaction: it exists if and only if
         that transaction commits, and workers are woken when it does.
+
+        Called inside a workflow, it starts a child workflow: a step (replay finds the same child), with
+        a deterministic id, the parent's deadline, and cancellation cascading from the parent.
         """
         call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
-                                        max_recoveries)
+                                        max_recoveries, timeout_seconds)
+        ctx = current()
+        if ctx is not None and conn is None:
+            child = self._child_plan(ctx, call, workflow_id)
+            return WorkflowHandle(self, waits.drive_sync(ctx, child), hint)
         if conn is None:
             return self._handle(self.db.run(call), call, hint)
         in_transaction = store.enqueue_in_transaction(call, self.schema)
@@ -139,10 +154,14 @@ class App:
 
     async def enqueue_async(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                             queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                            max_recoveries: int | None = None, conn: Any = None,
-                            **kwargs: Any) -> WorkflowHandle[R]:
+                            max_recoveries: int | None = None, timeout_seconds: float | None = None,
+                            conn: Any = None, **kwargs: Any) -> WorkflowHandle[R]:
         call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
-                                        max_recoveries)
+                                        max_recoveries, timeout_seconds)
+        ctx = current()
+        if ctx is not None and conn is None:
+            child = self._child_plan(ctx, call, workflow_id)
+            return WorkflowHandle(self, await waits.drive_async(ctx, child), hint)
         if conn is None:
             return self._handle(await self.db.arun(call), call, hint)
         in_transaction = store.enqueue_in_transaction(call, self.schema)
@@ -213,12 +232,18 @@ class App:
                 rows=rows, name=definition.name, queue=queue or definition.queue,
                 priority=definition.priority if priority is None else priority,
                 max_recoveries=self.settings.max_recoveries if definition.max_recoveries is None
-                else definition.max_recoveries, delay=delay))
+                else definition.max_recoveries, delay=delay, timeout=definition.timeout_seconds))
         return _Bulk(definition, ids, calls)
+
+    @staticmethod
+    def _child_plan(ctx: Any, call: store.Call[Any], workflow_id: str | None) -> waits.Plan:
+        params = {k: v for k, v in call.params.items() if k not in ("id", "name")}
+        return waits.enqueue_child_plan(ctx, call.params["name"], workflow_id, params)
 
     def _enqueue_call(self, workflow: Workflow[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       workflow_id: str | None, queue: str | None, priority: int | None, delay: float,
-                      max_recoveries: int | None) -> tuple[store.Call[store.Enqueued | None], Any]:
+                      max_recoveries: int | None,
+                      timeout_seconds: float | None = None) -> tuple[store.Call[store.Enqueued | None], Any]:
         definition = self._resolve(workflow)
         if isinstance(workflow, str) and definition is None:
             # A workflow this process does not define: its signature is unknown, so arguments go by name.
@@ -227,19 +252,23 @@ class App:
                                 "arguments by keyword so they can be stored by name")
             name, hint, default_queue, default_priority = workflow, Any, "default", 0
             input_text = self.serializer.dumps(kwargs)
+            default_timeout = None
         else:
             assert definition is not None
             name, hint = definition.name, definition.signature.return_hint
             default_queue, default_priority = definition.queue, definition.priority
             max_recoveries = max_recoveries if max_recoveries is not None else definition.max_recoveries
             input_text = self._encode_arguments(definition, args, kwargs)
+            default_timeout = definition.timeout_seconds
         if delay < 0:
             raise ValueError("delay must be >= 0 seconds")
+        if timeout_seconds is not None and timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive")
         call = store.enqueue(
             id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
             priority=default_priority if priority is None else priority, input=input_text,
             max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
-            delay=delay)
+            delay=delay, timeout=timeout_seconds if timeout_seconds is not None else default_timeout)
         return call, hint
 
     def _encode_arguments(self, workflow: Workflow[..., Any], args: tuple[Any, ...],
@@ -290,8 +319,15 @@ class App:
 
     def start(self, workflow: Workflow[..., R], *args: Any, workflow_id: str | None = None,
               priority: int | None = None, max_recoveries: int | None = None,
-              **kwargs: Any) -> WorkflowHandle[R]:
-        """Run a workflow durably in this process, now. If the process dies, a worker resumes it."""
+              timeout_seconds: float | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+        """Run a workflow durably in this process, now. If the process dies, a worker resumes it.
+
+        Inside a workflow this starts a child workflow, exactly like ``enqueue``. A workflow that waits
+        (durable sleep, messages, children) is resumed by a worker (``pgdurable worker``), not here.
+        """
+        if current() is not None:
+            return self.enqueue(workflow, *args, workflow_id=workflow_id, priority=priority,
+                                max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, **kwargs)
         definition = self._resolve(workflow)
         assert definition is not None
         runtime = self._local_runtime()
@@ -300,13 +336,15 @@ class App:
             id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
             priority=definition.priority if priority is None else priority, input=input_text,
             max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
-            owner=runtime.worker.id, lease=self.settings.lease_seconds))
+            owner=runtime.worker.id, lease=self.settings.lease_seconds,
+            timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
+            version=self.version))
         assert row is not None
-        execution_id, name, created, attempt, stored_input = row
+        execution_id, name, created, attempt, stored_input, db_now = row
         if name != definition.name:
             raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
         if created:
-            runtime.submit(store.Claimed(execution_id, name, attempt, stored_input))
+            runtime.submit(store.Claimed(execution_id, name, attempt, stored_input, db_now))
         return WorkflowHandle(self, execution_id, definition.signature.return_hint)
 
     def _local_runtime(self) -> _LocalRuntime:
@@ -344,6 +382,85 @@ class App:
             store.run(conn, store.forget_failed_steps(workflow_id))
             return store.run(conn, store.resume(workflow_id))
 
+    def fork(self, workflow_id: str, from_step: int, *, new_workflow_id: str | None = None) -> WorkflowHandle[Any]:
+        """A new execution of the same workflow and input that reuses the recorded outputs of steps before
+        ``from_step`` and runs again from there, on the code deployed now (fix a bug, then re-run)."""
+        if from_step < 0:
+            raise ValueError("from_step must be >= 0")
+        new_id = new_workflow_id or str(uuid.uuid4())
+        with _id_conflicts():
+            created, _ = self.db.run(store.fork(source=workflow_id, id=new_id, from_step=from_step))
+        if created is None:
+            raise WorkflowNotFound(workflow_id)
+        definition = self.registry.get(self.db.run(store.get_execution(new_id)).name)  # type: ignore[union-attr]
+        return WorkflowHandle(self, new_id, definition.signature.return_hint if definition else Any)
+
+    def children(self, workflow_id: str) -> list[tuple[Any, ...]]:
+        """(id, name, status, created_at, completed_at) of the workflows this one started."""
+        return self.db.run(store.list_children(workflow_id))
+
+    # -- messages and events ------------------------------------------------------------------------------
+
+    def send(self, workflow_id: str, message: Any, *, topic: str | None = None,
+             idempotency_key: str | None = None, conn: Any = None) -> bool:
+        """Send ``message`` to a workflow, which receives it with ``pgdurable.recv(topic)``. With a key, a
+        retried send is stored once (returns False for the repeat). With ``conn``, inside that connection's
+        transaction. Inside a workflow, the send is a step (sent once however often the workflow replays)."""
+        call = self._send_call(workflow_id, message, topic, idempotency_key)
+        ctx = current()
+        if ctx is not None and conn is None:
+            waits.drive_sync(ctx, waits.send_plan(ctx, call))
+            return True
+        with _missing_destination(workflow_id):
+            if conn is not None:
+                return store.run(sync_driver_connection(conn), store.send_message_in_transaction(call, self.schema))
+            return self.db.run(call)
+
+    async def send_async(self, workflow_id: str, message: Any, *, topic: str | None = None,
+                         idempotency_key: str | None = None, conn: Any = None) -> bool:
+        call = self._send_call(workflow_id, message, topic, idempotency_key)
+        ctx = current()
+        if ctx is not None and conn is None:
+            await waits.drive_async(ctx, waits.send_plan(ctx, call))
+            return True
+        with _missing_destination(workflow_id):
+            if conn is not None:
+                return await store.arun(await async_driver_connection(conn),
+                                        store.send_message_in_transaction(call, self.schema))
+            return await self.db.arun(call)
+
+    def _send_call(self, workflow_id: str, message: Any, topic: str | None,
+                   idempotency_key: str | None) -> store.Call[bool]:
+        return store.send_message(destination=workflow_id, message=self.serializer.dumps(message),
+                                  topic=topic or "", key=idempotency_key)
+
+    def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
+        """The latest value workflow ``workflow_id`` published under ``key``; waits up to ``timeout`` seconds
+        for a first one (woken by NOTIFY), then returns None. Inside a workflow the answer is recorded as a
+        step (the wait holds the worker slot)."""
+        from .events import get_event
+
+        return get_event(self, workflow_id, key, timeout)
+
+    async def get_event_async(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
+        from .events import get_event_async
+
+        return await get_event_async(self, workflow_id, key, timeout)
+
+    def events(self, workflow_id: str) -> list[store.Event]:
+        """Every value the workflow published, by key then in order."""
+        return self.db.run(store.list_events(workflow_id))
+
+    def messages(self, workflow_id: str) -> list[store.Message]:
+        """Messages sent to the workflow, consumed or not, in the order sent."""
+        return self.db.run(store.list_messages(workflow_id))
+
+    @property
+    def version(self) -> str:
+        """The application version this app's workers stamp on the executions they start."""
+        return (self.settings.app_version or os.environ.get("PGDURABLE_APP_VERSION")
+                or self.registry.fingerprint())
+
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
         return migrate(self.db.conninfo, self.schema)
@@ -375,6 +492,14 @@ class App:
 
 
 _BULK_CHUNK = 5000
+
+
+@contextlib.contextmanager
+def _missing_destination(workflow_id: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.errors.NoDataFound as exc:
+        raise WorkflowNotFound(workflow_id) from exc
 
 
 @contextlib.contextmanager

@@ -147,13 +147,25 @@ class WriteBatcher:
 
     def submit_threadsafe(self, write: StepWrite | Completion) -> ThreadWaiter:
         """From a workflow thread: wait on ``.result()``. If the writer is idle, this thread runs the batch."""
-        waiter = ThreadWaiter()
+        return self.submit_all_threadsafe([write])[0]
+
+    def run_threadsafe(self, call: store.Call[T]) -> ThreadWaiter:
+        """From a workflow thread: ``run`` a statement on the worker's own rows; wait on ``.result()``."""
+        return self.submit_all_threadsafe([Statement(call)])[0]
+
+    def submit_all_threadsafe(self, items: list[Item]) -> list[ThreadWaiter]:
+        """Several items at once, so that they go out in one batch."""
+        waiters = [ThreadWaiter() for _ in items]
         with self._lock:
-            self._pending.append((write, waiter))
+            self._pending.extend(zip(items, waiters, strict=True))
             idle, self._busy = not self._busy, True
         if idle:
             self._lead()
-        return waiter
+        return waiters
+
+    def submit_all(self, items: list[Item]) -> list[asyncio.Future[Any]]:
+        """From the event loop: several items at once, so that they go out in one batch."""
+        return [self._submit_on_loop(item) for item in items]
 
     # -- flushing -----------------------------------------------------------------------------------------
 

@@ -225,14 +225,14 @@ def workers(database_url: DatabaseUrl = None, schema: Schema = None, as_json: As
         stuck = app.db.run(store.list_unrunnable(100))
     if as_json:
         keys = ("id", "hostname", "pid", "queues", "workflows", "concurrency", "started_at", "heartbeat_at",
-                "alive")
+                "alive", "app_version")
         print(json.dumps({"workers": [{k: _jsonable(v) for k, v in zip(keys, row, strict=True)} for row in rows],
                           "unrunnable": [{"id": r[0], "name": r[1], "queue": r[2], "reason": r[4]}
                                          for r in stuck]}, indent=2))
         return
-    table = Table("worker", "queues", "workflows", "concurrency", "heartbeat", "alive")
+    table = Table("worker", "queues", "workflows", "concurrency", "version", "heartbeat", "alive")
     for row in rows:
-        table.add_row(row[0], ",".join(row[3]), str(len(row[4])), str(row[5]), _when(row[7]),
+        table.add_row(row[0], ",".join(row[3]), str(len(row[4])), str(row[5]), row[9] or "", _when(row[7]),
                       "yes" if row[8] else "[red]no[/red]")
     console.print(table)
     if stuck:

@@ -15,7 +15,8 @@ import psycopg
 from psycopg import sql
 
 from . import store
-from .errors import ResultTimeout, WorkflowCancelled, WorkflowFailed, WorkflowNotFound
+from .context import current
+from .errors import ResultTimeout, WorkflowCancelled, WorkflowFailed, WorkflowNotFound, WorkflowTimeout
 
 if TYPE_CHECKING:
     from .app import App
@@ -30,7 +31,8 @@ _RETRY_FIRST_SECONDS = 0.05
 
 
 class CompletionListener:
-    """One LISTEN connection per App, in a daemon thread, that wakes whoever waits on an execution."""
+    """One LISTEN connection per App, in a daemon thread, that wakes whoever waits on an execution: for its
+    completion (key: its id) or for an event it publishes (key: ``event_key(id)``)."""
 
     def __init__(self, app: App) -> None:
         self._app = app
@@ -70,17 +72,19 @@ class CompletionListener:
             callback()
 
     def _loop(self) -> None:
-        channel = sql.Identifier(f"{self._app.db.schema}_done")
+        done, events = f"{self._app.db.schema}_done", f"{self._app.db.schema}_event"
         while not self._stopped.is_set():
             try:
                 with self._app.db.connect() as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(done),
+                                                                        sql.Identifier(events)))
                     self._listening.set()
                     self._wake_all()  # anything may have finished while we were not listening
                     while not self._stopped.is_set():
                         for notice in conn.notifies(timeout=1.0):
+                            key = notice.payload if notice.channel == done else event_key(notice.payload)
                             with self._lock:
-                                callbacks = list(self._waiters.get(notice.payload, ()))
+                                callbacks = list(self._waiters.get(key, ()))
                             for callback in callbacks:
                                 callback()
             except Exception as exc:  # connection lost: waiters fall back to re-checking; reconnect
@@ -92,6 +96,10 @@ class CompletionListener:
 
     def stop(self) -> None:
         self._stopped.set()
+
+
+def event_key(execution_id: str) -> str:
+    return f"event:{execution_id}"
 
 
 class WorkflowHandle(Generic[R]):
@@ -117,7 +125,16 @@ class WorkflowHandle(Generic[R]):
         return execution
 
     def result(self, timeout: float | None = None) -> R:
-        """Wait for the workflow to finish; return its result or raise ``WorkflowFailed``."""
+        """Wait for the workflow to finish; return its result or raise ``WorkflowFailed``.
+
+        Inside a workflow the wait is durable: the waiting workflow gives up its worker slot, is woken when
+        the awaited one (typically its child) finishes, and the outcome is recorded as a step.
+        """
+        if current() is not None:
+            from .waits import gather
+
+            value: R = gather([self], timeout)[0]
+            return value
         deadline = None if timeout is None else time.monotonic() + timeout
         outcome = self._status(deadline)
         if self._is_final(outcome):  # already finished: no need to listen
@@ -164,6 +181,11 @@ class WorkflowHandle(Generic[R]):
         return execution
 
     async def result_async(self, timeout: float | None = None) -> R:
+        if current() is not None:
+            from .waits import gather_async
+
+            value: R = (await gather_async([self], timeout))[0]
+            return value
         deadline = None if timeout is None else time.monotonic() + timeout
         outcome = await self._status_async(deadline)
         if self._is_final(outcome):
@@ -223,6 +245,13 @@ class WorkflowHandle(Generic[R]):
             value: R = self.app.serializer.loads(output or "null", self._return_hint)
             return value
         info = json.loads(error) if error else None
-        if status == "cancelled":
-            raise WorkflowCancelled(self.workflow_id, status, info)
-        raise WorkflowFailed(self.workflow_id, status, info)
+        raise failure(self.workflow_id, status, info)
+
+
+def failure(workflow_id: str, status: str, info: dict[str, Any] | None) -> WorkflowFailed:
+    """The exception a waiter gets for an execution that ended ``status`` with error ``info``."""
+    if status == "cancelled":
+        return WorkflowCancelled(workflow_id, status, info)
+    if info and info.get("type") == "pgdurable.WorkflowTimeout":
+        return WorkflowTimeout(workflow_id, status, info)
+    return WorkflowFailed(workflow_id, status, info)

@@ -56,6 +56,9 @@ class Settings:
     # The largest input, step output or result accepted, as encoded JSON text. The SQL function
     # enqueue_workflow applies the same default limit.
     max_payload_bytes: int = 8 * 1024 * 1024
+    # The application version stamped on every execution this app's workers start; only workers of the
+    # same version resume it. None: ``PGDURABLE_APP_VERSION``, else a hash of the workflows' source code.
+    app_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:

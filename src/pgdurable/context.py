@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
+from collections.abc import Callable
 from contextvars import ContextVar
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from . import failures, store
-from .batcher import StepWrite, WriteBatcher
+from .batcher import StepWrite, ThreadWaiter, WriteBatcher
 from .errors import ConfigurationError, LeaseLost, NonDeterminismError
 from .serialization import Serializer
+
+T = TypeVar("T")
 
 _current: ContextVar[ExecutionContext | None] = ContextVar("pgdurable_execution", default=None)
 # True while a step body runs: steps called from inside a step are plain calls, not checkpoints.
@@ -37,7 +41,8 @@ class ExecutionContext:
 
     def __init__(self, *, execution_id: str, workflow_name: str, attempt: int,
                  recorded: dict[int, store.RecordedStep], serializer: Serializer,
-                 batcher: WriteBatcher, loop: asyncio.AbstractEventLoop) -> None:
+                 batcher: WriteBatcher, loop: asyncio.AbstractEventLoop, db_now: datetime | None = None,
+                 on_suspend: Callable[[datetime | None], None] | None = None, app: Any = None) -> None:
         self.execution_id = execution_id
         self.workflow_name = workflow_name
         self.attempt = attempt
@@ -45,8 +50,12 @@ class ExecutionContext:
         self.serializer = serializer
         self._batcher = batcher
         self.loop = loop
+        self.app = app
         self._next_step = 0
         self.lost = False
+        # Durable timers use the database's clock: remember how far this machine's clock is from it.
+        self._clock_offset = (db_now.timestamp() - time.time()) if db_now is not None else 0.0
+        self._on_suspend = on_suspend
 
     def activate(self) -> Any:
         return _current.set(self)
@@ -101,6 +110,64 @@ class ExecutionContext:
 
     def _on_loop_thread(self) -> bool:
         return getattr(self.loop, "_thread_id", None) == threading.get_ident()
+
+    # -- what the primitives need (see waits.py) ----------------------------------------------------------
+
+    def db_now(self) -> datetime:
+        """The database's clock, estimated from the claim: never this machine's clock, which may be off."""
+        return datetime.fromtimestamp(time.time() + self._clock_offset, UTC)
+
+    def peek_step(self) -> tuple[int, store.RecordedStep | None]:
+        """The next step ordinal and its record, without taking it."""
+        return self._next_step, self.recorded.get(self._next_step)
+
+    def step_write(self, step_id: int, step_name: str, output: str | None, error: str | None = None,
+                   started_at: datetime | None = None) -> StepWrite:
+        return StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, 1,
+                         started_at or utcnow())
+
+    def perform_sync(self, effect: Any) -> Any:
+        """Run one effect of a primitive from a sync workflow's thread: a StepWrite (True if recorded), a
+        list of them (recorded or not, each), or a store.Call (its result), on the worker's writer."""
+        if self._on_loop_thread():
+            raise ConfigurationError("a sync pgdurable primitive was called from an async workflow; use its "
+                                     "_async form (for example `await pgdurable.sleep_async(...)`)")
+        if isinstance(effect, list):
+            return [w.result() for w in self._batcher.submit_all_threadsafe(effect)]
+        waiter: ThreadWaiter
+        if isinstance(effect, StepWrite):
+            waiter = self._batcher.submit_threadsafe(effect)
+        else:
+            waiter = self._batcher.run_threadsafe(effect)
+        return waiter.result()
+
+    async def perform_async(self, effect: Any) -> Any:
+        if isinstance(effect, list):
+            return list(await asyncio.gather(*self._batcher.submit_all(effect)))
+        if isinstance(effect, StepWrite):
+            return await self._batcher.submit(effect)
+        return await self._batcher.run(effect)
+
+    def write_nowait(self, write: StepWrite) -> None:
+        """Queue a write without waiting for it: the execution's next write commits after it (or fails)."""
+        if self._on_loop_thread():
+            self._batcher.submit(write)
+        else:
+            self._batcher.submit_all_threadsafe([write])
+
+    def suspended(self, wake_at: datetime | None) -> None:
+        """This attempt gave its slot up: it writes nothing more."""
+        self.lost = True
+        if self._on_suspend is not None:
+            self._on_suspend(wake_at)
+
+    def lease_lost(self, what: str) -> LeaseLost:
+        self.lost = True
+        return LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} no longer owns it ({what})")
+
+
+def after(seconds: float, now: datetime) -> datetime:
+    return now + timedelta(seconds=seconds)
 
 
 def utcnow() -> datetime:

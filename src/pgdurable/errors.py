@@ -58,6 +58,10 @@ class WorkflowCancelled(WorkflowFailed):
     """The workflow was cancelled before it finished."""
 
 
+class WorkflowTimeout(WorkflowFailed):
+    """The workflow's deadline (``timeout_seconds``, its own or a parent's) passed before it finished."""
+
+
 class StepFailed(PgDurableError):
     """Replay of a recorded step error whose original exception type cannot be rebuilt here."""
 

@@ -70,6 +70,12 @@ class Execution:
     updated_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
+    wait_reason: str | None = None
+    parent_id: str | None = None
+    forked_from: str | None = None
+    timeout_seconds: float | None = None
+    deadline: datetime | None = None
+    app_version: str | None = None
 
     @property
     def error_info(self) -> dict[str, Any] | None:
@@ -101,6 +107,8 @@ class Claimed:
     name: str
     attempt: int
     input: str
+    # The database's clock when it was claimed: durable timers are computed on database time.
+    db_now: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +177,9 @@ def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
 # ---- calls ------------------------------------------------------------------------------------------------
 
 def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
-            delay: float) -> Call[Enqueued | None]:
+            delay: float, timeout: float | None = None) -> Call[Enqueued | None]:
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
-                            "max_recoveries": max_recoveries, "delay": delay}, _enqueued)
+                            "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout}, _enqueued)
 
 
 def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str]:
@@ -180,10 +188,10 @@ def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str
 
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
-                 delay: float) -> Call[set[str]]:
+                 delay: float, timeout: float | None = None) -> Call[set[str]]:
     """``rows``: a JSON array of [id, input] pairs."""
     return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
-                                 "max_recoveries": max_recoveries, "delay": delay},
+                                 "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout},
                 lambda found: {row[0] for row in found})
 
 
@@ -192,15 +200,17 @@ def names_of(ids: list[str]) -> Call[dict[str, Any]]:
 
 
 def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
-                owner: str, lease: float) -> Call[tuple[Any, ...] | None]:
+                owner: str, lease: float, timeout: float | None, version: str) -> Call[tuple[Any, ...] | None]:
     return Call("start_owned", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
-                                "max_recoveries": max_recoveries, "owner": owner, "lease": lease},
+                                "max_recoveries": max_recoveries, "owner": owner, "lease": lease,
+                                "timeout": timeout, "version": version},
                 lambda rows: rows[0] if rows else None)
 
 
-def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int) -> Call[list[Claimed]]:
-    return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit},
-                _claimed)
+def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
+          version: str) -> Call[list[Claimed]]:
+    return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
+                          "version": version}, _claimed)
 
 
 def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
@@ -252,7 +262,7 @@ def list_steps(id: str) -> Call[list[Step]]:
 
 
 def cancel(id: str) -> Call[bool]:
-    return Call("cancel", {"id": id}, bool)
+    return Call("cancel", {"id": id}, lambda rows: bool(rows and rows[0][0]))
 
 
 def forget_failed_steps(id: str) -> Call[None]:
@@ -264,9 +274,10 @@ def resume(id: str) -> Call[bool]:
 
 
 def register_worker(*, id: str, hostname: str, pid: int, queues: list[str], workflows: list[str],
-                    concurrency: int) -> Call[None]:
+                    concurrency: int, version: str) -> Call[None]:
     return Call("register_worker", {"id": id, "hostname": hostname, "pid": pid, "queues": queues,
-                                    "workflows": workflows, "concurrency": concurrency}, _nothing)
+                                    "workflows": workflows, "concurrency": concurrency, "version": version},
+                _nothing)
 
 
 def worker_heartbeat(id: str) -> Call[None]:
@@ -287,3 +298,122 @@ def list_workers() -> Call[list[tuple[Any, ...]]]:
 
 def list_unrunnable(limit: int) -> Call[list[tuple[Any, ...]]]:
     return Call("list_unrunnable", {"limit": limit}, _dicts)
+
+
+# ---- waits, messages, events, children, deadlines, forks (sql/queries/waits.sql) ------------------------
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    owned: bool
+    wakeups: int | None
+    found: bool
+    message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """One awaited execution's outcome as seen by its waiter; status None when there is no such execution."""
+
+    id: str
+    status: str | None
+    output: str | None
+    error: str | None
+    is_child: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: int
+    topic: str
+    message: Any
+    idempotency_key: str | None
+    created_at: datetime
+    consumed_at: datetime | None
+    consumed_by_step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    key: str
+    step_id: int
+    value: Any
+    created_at: datetime
+
+
+def suspend(*, id: str, attempt: int, wake_at: datetime | None, reason: str,
+            wakeups: int | None) -> Call[bool]:
+    return Call("suspend", {"id": id, "attempt": attempt, "wake_at": wake_at, "reason": reason,
+                            "wakeups": wakeups}, bool)
+
+
+def wake_due() -> Call[tuple[int, datetime | None, datetime]]:
+    """(executions enqueued, when the next waiting one is due, the database's clock)."""
+    return Call("wake_due", {}, lambda rows: (int(rows[0][0]), rows[0][1], rows[0][2]))
+
+
+def expire_deadlines() -> Call[list[Any]]:
+    return Call("expire_deadlines", {}, _first_column)
+
+
+def receive(*, id: str, attempt: int, topic: str, step_id: int, step_name: str,
+            started_at: datetime) -> Call[Received]:
+    return Call("receive", {"id": id, "attempt": attempt, "topic": topic, "step_id": step_id,
+                            "step_name": step_name, "started_at": started_at},
+                lambda rows: Received(bool(rows[0][0]), rows[0][1], bool(rows[0][2]), rows[0][3]))
+
+
+def send_message(*, destination: str, message: str, topic: str, key: str | None) -> Call[bool]:
+    return Call("send_message", {"destination": destination, "message": message, "topic": topic, "key": key},
+                lambda rows: bool(rows[0][0]))
+
+
+def send_message_in_transaction(call: Call[bool], schema: str) -> Call[bool]:
+    return Call("send_message_in_transaction", call.params, call.read, schema=schema)
+
+
+def list_messages(id: str) -> Call[list[Message]]:
+    return Call("list_messages", {"id": id}, lambda rows: [Message(*row) for row in rows])
+
+
+def set_event(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime, key: str,
+              value: str) -> Call[bool]:
+    return Call("set_event", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
+                              "started_at": started_at, "key": key, "value": value},
+                lambda rows: bool(rows[0][0]))
+
+
+def get_event(*, id: str, key: str) -> Call[str | None]:
+    return Call("get_event", {"id": id, "key": key}, lambda rows: rows[0][0] if rows else None)
+
+
+def list_events(id: str) -> Call[list[Event]]:
+    return Call("list_events", {"id": id}, lambda rows: [Event(*row) for row in rows])
+
+
+def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,
+                  name: str, queue: str, priority: int, input: str, max_recoveries: int, delay: float,
+                  timeout: float | None) -> Call[tuple[bool, str | None]]:
+    """Returns (recorded, the name of the workflow the id belongs to)."""
+    return Call("enqueue_child", {"parent": parent, "attempt": attempt, "step_id": step_id,
+                                  "step_name": step_name, "started_at": started_at, "id": id, "name": name,
+                                  "queue": queue, "priority": priority, "input": input,
+                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout},
+                lambda rows: (bool(rows[0][0]), rows[0][2]))
+
+
+def awaited_status(*, id: str, attempt: int, ids: list[str]) -> Call[tuple[int | None, list[Awaited]]]:
+    """(the waiter's wake-up count, the outcomes); a count of None means the waiter lost its execution."""
+    def read(rows: Rows) -> tuple[int | None, list[Awaited]]:
+        if not rows:
+            return None, []
+        return rows[0][0], [Awaited(row[1], row[2], row[3], row[4], bool(row[5])) for row in rows]
+    return Call("awaited_status", {"id": id, "attempt": attempt, "ids": ids}, read)
+
+
+def list_children(id: str) -> Call[list[tuple[Any, ...]]]:
+    return Call("list_children", {"id": id}, _dicts)
+
+
+def fork(*, source: str, id: str, from_step: int) -> Call[tuple[str | None, int]]:
+    return Call("fork", {"source": source, "id": id, "from_step": from_step},
+                lambda rows: (rows[0][0], int(rows[0][1])))

@@ -28,6 +28,7 @@ from . import failures, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost
+from .waits import Suspended
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -81,6 +82,10 @@ class Worker:
         # is cancelled at loop shutdown while its thread runs on, so self.running no longer shows it.
         self._busy_threads = 0
         self._busy_lock = threading.Lock()
+        self.version = app.version
+        # The timer sleeps until the next known wake-up; a workflow of ours that suspends sooner pokes it.
+        self._timer_kick = asyncio.Event()
+        self._timer_due: float | None = None
 
     # -- database -----------------------------------------------------------------------------------------
 
@@ -117,11 +122,12 @@ class Worker:
         if self.claims:
             await self._run(store.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
-                workflows=self.names, concurrency=self.concurrency))
+                workflows=self.names, concurrency=self.concurrency, version=self.version))
             background += [asyncio.create_task(self._listen_loop(), name="pgdurable-listen"),
-                           asyncio.create_task(self._sweep_loop(), name="pgdurable-sweep")]
-            log.info("worker %s: queues %s, %d workflows, concurrency %d",
-                     self.id, ",".join(self.queues), len(self.names), self.concurrency)
+                           asyncio.create_task(self._sweep_loop(), name="pgdurable-sweep"),
+                           asyncio.create_task(self._timer_loop(), name="pgdurable-timer")]
+            log.info("worker %s: queues %s, %d workflows, concurrency %d, version %s",
+                     self.id, ",".join(self.queues), len(self.names), self.concurrency, self.version)
         self._started.set()
         try:
             if self.claims:
@@ -224,7 +230,8 @@ class Worker:
                 last_claim = time.monotonic()
                 try:
                     claimed = await self._run(store.claim(
-                        queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit))
+                        queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit,
+                        version=self.version))
                     last_was_short = len(claimed) < limit
                     lost_connections = 0
                 except psycopg.OperationalError as exc:
@@ -272,7 +279,8 @@ class Worker:
         assert self.loop is not None and self._batcher is not None
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
-            serializer=self.app.serializer, batcher=self._batcher, loop=self.loop)
+            serializer=self.app.serializer, batcher=self._batcher, loop=self.loop, db_now=claimed.db_now,
+            on_suspend=self._suspended, app=self.app)
         running = Running(claimed, context)
         self.running[claimed.id] = running
         running.task = asyncio.create_task(self._execute(running), name=f"pgdurable:{claimed.id}")
@@ -294,6 +302,8 @@ class Worker:
             try:
                 value = await self._call(workflow, context, claimed.input)
                 status, output, error = "succeeded", self.app.serializer.dumps(value), None
+            except Suspended:
+                return  # waiting in the database now; a worker claims it again when it is woken
             except (LeaseLost, asyncio.CancelledError):
                 if context.lost:
                     log.info("execution %s attempt %d: stopped, no longer owned", claimed.id, claimed.attempt)
@@ -367,6 +377,38 @@ class Worker:
         if running.task is not None and running.claimed.name in self._async_names():
             running.task.cancel()
 
+    def _suspended(self, wake_at: Any) -> None:
+        """A workflow of ours suspended until ``wake_at``: make sure the timer looks by then."""
+        if wake_at is None or self.loop is None:
+            return
+        due = wake_at.timestamp()
+        if self._timer_due is None or due < self._timer_due:
+            self._timer_due = due
+            with contextlib.suppress(RuntimeError):  # a closed loop: the worker is exiting
+                self.loop.call_soon_threadsafe(self._timer_kick.set)
+
+    async def _timer_loop(self) -> None:
+        """Enqueue waiting executions whose time has come (durable sleeps, delayed starts, wait timeouts).
+        Sleeps until the next known wake-up, at most a poll interval (others may add earlier ones)."""
+        while True:
+            self._timer_kick.clear()
+            wait = self.settings.poll_seconds
+            try:
+                woken, next_due, db_now = await self._run(store.wake_due())
+                if woken:
+                    log.debug("worker %s: timer enqueued %d waiting executions", self.id, woken)
+                offset = db_now.timestamp() - time.time()  # compare wake-ups on the database's clock
+                due = next_due.timestamp() - offset if next_due is not None else None
+                local_due = self._timer_due - offset if self._timer_due is not None else None
+                self._timer_due = None
+                for candidate in (due, local_due):
+                    if candidate is not None:
+                        wait = min(wait, max(candidate - time.time(), 0.0))
+            except Exception as exc:
+                log.warning("worker %s: timer failed (%s)", self.id, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._timer_kick.wait(), wait + 0.002)
+
     async def _sweep_loop(self) -> None:
         interval = self.settings.sweep_seconds
         while True:
@@ -375,6 +417,8 @@ class Worker:
                 for execution_id, status, recoveries in await self._run(store.sweep_expired()):
                     log.warning("execution %s: lease expired, %s (recovery %d)", execution_id,
                                 "dead-lettered" if status == "failed" else "re-enqueued", recoveries)
+                for execution_id in await self._run(store.expire_deadlines()):
+                    log.warning("execution %s: deadline passed, failed with pgdurable.WorkflowTimeout", execution_id)
                 grace = self.settings.unknown_workflow_grace_seconds
                 if grace is not None:
                     for execution_id, name in await self._run(store.fail_unrunnable(grace)):
@@ -384,17 +428,22 @@ class Worker:
                 log.warning("worker %s: sweep failed (%s)", self.id, exc)
 
     async def _listen_loop(self) -> None:
-        channel = sql.Identifier(f"{self.app.db.schema}_work")
+        work = f"{self.app.db.schema}_work"
+        stop = f"{self.app.db.schema}_stop"
         queues = set(self.queues)
         while True:
             try:
                 conn = await self.app.db.aconnect()
                 async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    await conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(work),
+                                                                              sql.Identifier(stop)))
                     self._wake.set()  # catch up on whatever was enqueued while not listening
                     async for notice in conn.notifies():
-                        if notice.payload in queues:
-                            self._wake.set()
+                        if notice.channel == work:
+                            if notice.payload in queues:
+                                self._wake.set()
+                        elif (running := self.running.get(notice.payload)) is not None and not running.context.lost:
+                            self._abandon(running)  # cancelled or timed out: stop now, not at the next heartbeat
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

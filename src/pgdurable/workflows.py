@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -14,7 +15,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Keyword arguments that App.enqueue and App.start take for themselves.
-RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries", "conn"})
+RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries", "conn",
+                             "timeout_seconds"})
 
 
 class Workflow(Generic[P, R]):
@@ -24,7 +26,7 @@ class Workflow(Generic[P, R]):
     """
 
     def __init__(self, fn: Callable[P, R], *, name: str, queue: str, priority: int,
-                 max_recoveries: int | None) -> None:
+                 max_recoveries: int | None, timeout_seconds: float | None = None) -> None:
         clash = RESERVED_KWARGS & set(inspect.signature(fn).parameters)
         if clash:
             raise ConfigurationError(
@@ -35,6 +37,9 @@ class Workflow(Generic[P, R]):
         self.queue = queue
         self.priority = priority
         self.max_recoveries = max_recoveries
+        if timeout_seconds is not None and timeout_seconds <= 0:
+            raise ConfigurationError(f"workflow {name!r}: timeout_seconds must be positive")
+        self.timeout_seconds = timeout_seconds
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = Signature(fn)
         functools.update_wrapper(self, fn)
@@ -66,6 +71,20 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self.workflows)
+
+    def fingerprint(self) -> str:
+        """A default application version: a hash of the registered workflows' names and source code. It is
+        stable across restarts and machines, and changes when a workflow's code changes (not when a
+        dependency does). Set ``app_version`` explicitly to control it (see README: Versioning)."""
+        digest = hashlib.sha256()
+        for name in self.names():
+            fn = self.workflows[name].fn
+            try:
+                source = inspect.getsource(fn)
+            except (OSError, TypeError):  # no source at hand (a REPL, a frozen app): its name must do
+                source = getattr(fn, "__qualname__", name)
+            digest.update(name.encode() + b"\0" + source.encode() + b"\0")
+        return digest.hexdigest()[:12]
 
 
 def default_name(fn: Callable[..., Any]) -> str:

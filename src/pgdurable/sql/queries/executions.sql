@@ -3,10 +3,14 @@
 
 -- name: enqueue
 -- Idempotent by id: a second enqueue with the same id returns the existing row (created = false).
+-- A delayed start waits in 'waiting' (out of the claim index) until the timer enqueues it.
 WITH inserted AS (
-    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at)
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                     wait_reason, timeout_seconds)
     VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
-            now() + make_interval(secs => %(delay)s))
+            now() + make_interval(secs => %(delay)s),
+            CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
+            CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, name, true AS created
 )
@@ -19,15 +23,17 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- Enqueue on the caller's own connection, inside its transaction, through the SQL function (schema-
 -- qualified, since the caller's search_path is its own).
 SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, %(priority)s, NULL,
-                                 make_interval(secs => %(delay)s), %(max_recoveries)s);
+                                 make_interval(secs => %(delay)s), %(max_recoveries)s, %(timeout)s);
 
 -- name: enqueue_many
 -- Bulk enqueue of one workflow: %(rows)s is one JSON array of [id, input] pairs (one parameter, parsed by
 -- the server, is far cheaper than two long arrays). Existing ids are left alone (idempotent); the ids
 -- returned are the ones this statement created.
-INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at)
+INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                 wait_reason, timeout_seconds)
 SELECT r.pair ->> 0, %(name)s, %(queue)s, %(priority)s, r.pair -> 1, %(max_recoveries)s,
-       now() + make_interval(secs => %(delay)s)
+       now() + make_interval(secs => %(delay)s), CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
+       CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s
 FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (pair, n)
 ORDER BY r.n
 ON CONFLICT (id) DO NOTHING
@@ -40,22 +46,25 @@ SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
 -- Insert an execution already claimed by this process (App.start runs it in-process).
 WITH inserted AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, status, owner_id,
-                                     lease_expires, attempt, started_at)
+                                     lease_expires, attempt, started_at, timeout_seconds, deadline, app_version)
     VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s, 'running',
-            %(owner)s, now() + make_interval(secs => %(lease)s), 1, now())
+            %(owner)s, now() + make_interval(secs => %(lease)s), 1, now(), %(timeout)s,
+            now() + make_interval(secs => %(timeout)s), %(version)s)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, name, true AS created, attempt, input
+    RETURNING id, name, true AS created, attempt, input, now() AS db_now
 )
-SELECT id, name, created, attempt, input FROM inserted
+SELECT id, name, created, attempt, input, db_now FROM inserted
 UNION ALL
-SELECT id, name, false, attempt, input FROM workflow_executions
+SELECT id, name, false, attempt, input, now() FROM workflow_executions
 WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 
 -- name: claim
 -- Take up to %(limit)s runnable executions of one queue: mark them running, owned by this worker, with a
 -- fresh lease and a new attempt number (the fencing token). Equality on the queue lets the scan follow
 -- workflow_executions_claim_idx in order and stop after LIMIT rows, however long the backlog is.
--- SKIP LOCKED lets concurrent workers claim different rows.
+-- SKIP LOCKED lets concurrent workers claim different rows. An execution started by another application
+-- version is left to workers of that version; the first claim stamps ours, and fixes the deadline of an
+-- execution with a timeout.
 WITH picked AS (
     SELECT id
     FROM workflow_executions
@@ -63,6 +72,7 @@ WITH picked AS (
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
       AND available_at <= now()
+      AND (app_version IS NULL OR app_version = %(version)s)
     ORDER BY priority, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -73,10 +83,14 @@ SET status = 'running',
     lease_expires = now() + make_interval(secs => %(lease)s),
     attempt = e.attempt + 1,
     started_at = coalesce(e.started_at, now()),
-    updated_at = now()
+    updated_at = now(),
+    app_version = %(version)s,
+    deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
+                    THEN least(coalesce(e.deadline, 'infinity'), now() + make_interval(secs => e.timeout_seconds))
+                    ELSE e.deadline END
 FROM picked
 WHERE e.id = picked.id
-RETURNING e.id, e.name, e.attempt, e.input;
+RETURNING e.id, e.name, e.attempt, e.input, now();
 
 -- name: load_steps
 SELECT execution_id, step_id, step_name, output, error
@@ -196,7 +210,8 @@ RETURNING e.id, e.name;
 
 -- name: get_execution
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
-       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at
+       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version
 FROM workflow_executions
 WHERE id = %(id)s;
 
@@ -205,7 +220,8 @@ SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
-       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at
+       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version
 FROM workflow_executions
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
@@ -220,10 +236,8 @@ WHERE execution_id = %(id)s
 ORDER BY step_id;
 
 -- name: cancel
-UPDATE workflow_executions
-SET status = 'cancelled', owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
-WHERE id = %(id)s AND status IN ('enqueued', 'running')
-RETURNING id;
+-- Cascades to unfinished descendants (see the SQL function).
+SELECT cancel_workflow(%(id)s);
 
 -- name: forget_failed_steps
 -- Resume re-runs a failed step: drop its recorded error and anything recorded after it.
@@ -237,6 +251,6 @@ WHERE o.execution_id = %(id)s
 -- name: resume
 UPDATE workflow_executions
 SET status = 'enqueued', output = NULL, error = NULL, recoveries = 0, completed_at = NULL,
-    available_at = now(), updated_at = now()
+    available_at = now(), updated_at = now(), deadline = NULL, wait_reason = NULL
 WHERE id = %(id)s AND status IN ('failed', 'cancelled')
 RETURNING id;

@@ -1,0 +1,201 @@
+-- Named queries for what workflows wait on: suspension, the timer, messages, events, child workflows,
+-- deadlines and forks. Statements that record a step check ownership exactly like write_steps: the
+-- writer's attempt, still running, lease not expired, the row held FOR SHARE until the write commits.
+
+-- name: suspend
+-- Give up the worker slot: the execution waits until %(wake_at)s (NULL: until woken) for %(reason)s.
+-- With %(wakeups)s given, only if nothing tried to wake it since the worker looked (else no row: look
+-- again). No row either when the writer no longer owns the execution.
+UPDATE workflow_executions
+SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = %(reason)s,
+    available_at = coalesce(%(wake_at)s::timestamptz, 'infinity'), updated_at = now()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+  AND (%(wakeups)s::bigint IS NULL OR wakeups = %(wakeups)s::bigint)
+RETURNING id;
+
+-- name: wake_due
+-- The timer: enqueue waiting executions whose time has come (their NOTIFY wakes the workers), and say
+-- when the next one is due. SKIP LOCKED lets every worker's timer run without waiting on the others.
+WITH due AS (
+    SELECT id FROM workflow_executions
+    WHERE status = 'waiting' AND available_at <= now()
+    ORDER BY available_at
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED
+), woken AS (
+    UPDATE workflow_executions e
+    SET status = 'enqueued', wait_reason = NULL, updated_at = now()
+    FROM due
+    WHERE e.id = due.id AND e.status = 'waiting'
+    RETURNING e.id
+)
+SELECT (SELECT count(*) FROM woken),
+       (SELECT min(available_at) FROM workflow_executions WHERE status = 'waiting' AND available_at > now()),
+       now();
+
+-- name: expire_deadlines
+-- Fail unfinished executions past their deadline (their children have inherited it and fail alike). A
+-- running one's owner is notified and stops; its writes are refused from now on.
+WITH late AS (
+    SELECT id FROM workflow_executions
+    WHERE deadline < now() AND status IN ('enqueued', 'waiting', 'running')
+    ORDER BY deadline
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_executions e
+SET status = 'failed', owner_id = NULL, lease_expires = NULL, wait_reason = NULL, completed_at = now(),
+    updated_at = now(),
+    error = jsonb_build_object(
+        'type', 'pgdurable.WorkflowTimeout',
+        'message', format('deadline %%s passed (timeout %%s s)', e.deadline, e.timeout_seconds))
+FROM late
+WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < now()
+RETURNING e.id;
+
+-- name: receive
+-- Take the oldest unconsumed message on a topic and record it as the receiving step, in one statement:
+-- a message is consumed if and only if its step is recorded. Also returns the execution's wake-up count
+-- as of this statement's snapshot (not as locked: a send that commits while we wait for the lock must
+-- make the suspend that follows fail and look again).
+WITH seen AS (
+    SELECT wakeups FROM workflow_executions WHERE id = %(id)s
+), owned AS (
+    SELECT id FROM workflow_executions
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    FOR SHARE
+), next_message AS (
+    SELECT m.id, m.message
+    FROM workflow_messages m, owned
+    WHERE m.destination_id = owned.id AND m.topic = %(topic)s AND m.consumed_at IS NULL
+    ORDER BY m.id
+    LIMIT 1
+    FOR UPDATE OF m
+), consumed AS (
+    UPDATE workflow_messages m
+    SET consumed_at = now(), consumed_by_step = %(step_id)s
+    FROM next_message
+    WHERE m.id = next_message.id
+    RETURNING m.message
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at)
+    SELECT %(id)s, %(step_id)s, %(step_name)s, consumed.message, NULL, 1, %(attempt)s, %(started_at)s
+    FROM consumed
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING output
+)
+SELECT (SELECT count(*) FROM owned), (SELECT wakeups FROM seen), (SELECT count(*) FROM recorded),
+       (SELECT output::text FROM recorded);
+
+-- name: send_message
+SELECT send_message(%(destination)s, %(message)s::jsonb, %(topic)s, %(key)s);
+
+-- name: send_message_in_transaction
+SELECT {schema}.send_message(%(destination)s, %(message)s::jsonb, %(topic)s, %(key)s);
+
+-- name: list_messages
+SELECT id, topic, message, idempotency_key, created_at, consumed_at, consumed_by_step
+FROM workflow_messages
+WHERE destination_id = %(id)s
+ORDER BY id;
+
+-- name: set_event
+-- Publish an event and record the publishing step together (fenced like every step).
+WITH owned AS (
+    SELECT id FROM workflow_executions
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    FOR SHARE
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+    FROM owned
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING execution_id
+), published AS (
+    INSERT INTO workflow_events (execution_id, key, step_id, value)
+    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb FROM recorded
+    RETURNING 1
+)
+SELECT count(*) FROM published;
+
+-- name: get_event
+SELECT value::text FROM workflow_events
+WHERE execution_id = %(id)s AND key = %(key)s
+ORDER BY step_id DESC
+LIMIT 1;
+
+-- name: list_events
+SELECT key, step_id, value, created_at FROM workflow_events
+WHERE execution_id = %(id)s
+ORDER BY key, step_id;
+
+-- name: enqueue_child
+-- Start a child execution and record its id as the parent's step, in one statement. The child inherits
+-- the parent's deadline. Its id is deterministic, so a replay that gets here again finds it.
+WITH owned AS (
+    SELECT id, deadline FROM workflow_executions
+    WHERE id = %(parent)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    FOR SHARE
+), child AS (
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                     wait_reason, timeout_seconds, parent_id, deadline)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
+           now() + make_interval(secs => %(delay)s),
+           CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, owned.id, owned.deadline
+    FROM owned
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, to_jsonb(%(id)s::text), NULL, 1, %(attempt)s, %(started_at)s
+    FROM owned
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM recorded),
+       (SELECT count(*) FROM child),
+       (SELECT name FROM workflow_executions WHERE id = %(id)s);
+
+-- name: awaited_status
+-- The outcome of awaited executions, and the waiter's wake-up count from the same snapshot: a child
+-- that finishes later bumps the count, which makes the waiter's suspend fail and look again. No rows
+-- when the waiter no longer owns its execution.
+SELECT w.wakeups, a.id, e.status, e.output::text, e.error::text, e.parent_id = w.id
+FROM workflow_executions w
+CROSS JOIN unnest(%(ids)s::text[]) AS a (id)
+LEFT JOIN workflow_executions e ON e.id = a.id
+WHERE w.id = %(id)s AND w.attempt = %(attempt)s AND w.status = 'running' AND w.lease_expires > now();
+
+-- name: list_children
+SELECT id, name, status, created_at, completed_at FROM workflow_executions
+WHERE parent_id = %(id)s
+ORDER BY created_at, id;
+
+-- name: fork
+-- A new execution of the same workflow and input that reuses the recorded steps before %(from_step)s
+-- and runs from there (on whichever application version claims it).
+WITH source AS (
+    SELECT * FROM workflow_executions WHERE id = %(source)s
+), forked AS (
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, timeout_seconds,
+                                     forked_from)
+    SELECT %(id)s, name, queue, priority, input, max_recoveries, timeout_seconds, id FROM source
+    RETURNING id
+), copied AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT forked.id, o.step_id, o.step_name, o.output, o.error, o.attempts, 0, o.started_at, o.completed_at
+    FROM operation_outputs o, forked
+    WHERE o.execution_id = %(source)s AND o.step_id < %(from_step)s
+    RETURNING 1
+), copied_events AS (
+    INSERT INTO workflow_events (execution_id, key, step_id, value, created_at)
+    SELECT forked.id, ev.key, ev.step_id, ev.value, ev.created_at
+    FROM workflow_events ev, forked
+    WHERE ev.execution_id = %(source)s AND ev.step_id < %(from_step)s
+)
+SELECT (SELECT id FROM forked), (SELECT count(*) FROM copied);
