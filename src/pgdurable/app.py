@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import threading
 import uuid
@@ -448,12 +449,14 @@ class App:
         return await get_event_async(self, workflow_id, key, timeout)
 
     def events(self, workflow_id: str) -> list[store.Event]:
-        """Every value the workflow published, by key then in order."""
-        return self.db.run(store.list_events(workflow_id))
+        """Every value the workflow published, by key then in order (values decoded)."""
+        return [dataclasses.replace(e, value=self.serializer.loads(e.value, Any))
+                for e in self.db.run(store.list_events(workflow_id))]
 
     def messages(self, workflow_id: str) -> list[store.Message]:
-        """Messages sent to the workflow, consumed or not, in the order sent."""
-        return self.db.run(store.list_messages(workflow_id))
+        """Messages sent to the workflow, consumed or not, in the order sent (decoded)."""
+        return [dataclasses.replace(m, message=self.serializer.loads(m.message, Any))
+                for m in self.db.run(store.list_messages(workflow_id))]
 
     @property
     def version(self) -> str:

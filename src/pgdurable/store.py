@@ -65,7 +65,7 @@ class Execution:
     attempt: int
     recoveries: int
     max_recoveries: int
-    available_at: datetime
+    available_at: datetime | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

@@ -9,6 +9,9 @@ ALTER TABLE workflow_executions DROP CONSTRAINT workflow_executions_status_check
 ALTER TABLE workflow_executions ADD CONSTRAINT workflow_executions_status_check
     CHECK (status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled'));
 
+-- A waiting execution with no wake-up time (NULL) waits until something wakes it.
+ALTER TABLE workflow_executions ALTER COLUMN available_at DROP NOT NULL;
+
 ALTER TABLE workflow_executions
     -- What a waiting execution waits for: 'delay', 'sleep', 'recv:<topic>' or 'children'. Only a matching
     -- event wakes it early; its own available_at wakes it in any case.
@@ -59,7 +62,7 @@ CREATE TABLE workflow_messages (
     created_at       timestamptz NOT NULL DEFAULT now(),
     consumed_at      timestamptz,
     consumed_by_step integer,
-    UNIQUE (destination_id, idempotency_key)
+    CONSTRAINT workflow_messages_idempotency UNIQUE (destination_id, idempotency_key)
 );
 
 CREATE INDEX workflow_messages_pending_idx
@@ -268,7 +271,7 @@ BEGIN
     END IF;
     INSERT INTO workflow_messages (destination_id, topic, message, idempotency_key)
     VALUES (destination_id, topic, message, idempotency_key)
-    ON CONFLICT (destination_id, idempotency_key) DO NOTHING;
+    ON CONFLICT ON CONSTRAINT workflow_messages_idempotency DO NOTHING;
     RETURN FOUND;
 END;
 $$;

@@ -8,7 +8,7 @@
 -- again). No row either when the writer no longer owns the execution.
 UPDATE workflow_executions
 SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = %(reason)s,
-    available_at = coalesce(%(wake_at)s::timestamptz, 'infinity'), updated_at = now()
+    available_at = %(wake_at)s::timestamptz, updated_at = now()
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
   AND (%(wakeups)s::bigint IS NULL OR wakeups = %(wakeups)s::bigint)
 RETURNING id;
