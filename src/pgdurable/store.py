@@ -109,6 +109,8 @@ class Claimed:
     input: str
     # The database's clock when it was claimed: durable timers are computed on database time.
     db_now: datetime | None = None
+    # Whether it may have recorded steps already (a later attempt, or a fork).
+    has_history: bool = False
 
 
 @dataclass(frozen=True, slots=True)

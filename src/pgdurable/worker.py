@@ -258,7 +258,7 @@ class Worker:
 
     async def _launch(self, claimed: list[store.Claimed]) -> bool:
         """Start the claimed executions; False if they could not be started (and were handed back)."""
-        resumed = [c.id for c in claimed if c.attempt > 1]
+        resumed = [c.id for c in claimed if c.has_history]
         try:
             recorded = await self._run(store.load_steps(resumed)) if resumed else {}
         except Exception as exc:

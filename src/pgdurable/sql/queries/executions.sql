@@ -90,7 +90,7 @@ SET status = 'running',
                     ELSE e.deadline END
 FROM picked
 WHERE e.id = picked.id
-RETURNING e.id, e.name, e.attempt, e.input, now();
+RETURNING e.id, e.name, e.attempt, e.input, now(), e.attempt > 1 OR e.forked_from IS NOT NULL;
 
 -- name: load_steps
 SELECT execution_id, step_id, step_name, output, error
