@@ -96,7 +96,7 @@ def test_hostile_strings_are_data_not_sql(app: pgdurable.App, start_worker: Call
         assert conn.execute(sql.SQL("SELECT * FROM {}.workflow_status(NULL)").format(schema)).fetchall() == []
         assert conn.execute(sql.SQL("SELECT {}.cancel_workflow(NULL)").format(schema)).fetchone() == (False,)
         tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s", (app.schema,)).fetchone()
-    assert tables == (6,)  # schema_migrations, workflow_executions, operation_outputs, workers, messages, events
+    assert tables == (8,)  # migrations, executions, outputs, workers, messages, events, queues, queue_slots
 
 
 def test_an_unreachable_database_gives_a_clear_error() -> None:

@@ -6,6 +6,7 @@ from .config import Settings
 from .context import current_workflow_id
 from .errors import (
     ConfigurationError,
+    DuplicateWorkflow,
     LeaseLost,
     NonDeterminismError,
     PgDurableError,
@@ -37,6 +38,7 @@ from .workflows import Workflow
 __all__ = [
     "App",
     "ConfigurationError",
+    "DuplicateWorkflow",
     "JsonSerializer",
     "LeaseLost",
     "NonDeterminismError",

@@ -20,7 +20,13 @@ from .connections import async_driver_connection, sync_driver_connection
 from .context import current
 from .db import Database
 from .embedded import embedded_database_url
-from .errors import ConfigurationError, SerializationError, WorkflowIdConflict, WorkflowNotFound
+from .errors import (
+    ConfigurationError,
+    DuplicateWorkflow,
+    SerializationError,
+    WorkflowIdConflict,
+    WorkflowNotFound,
+)
 from .migrations import migrate
 from .serialization import JsonSerializer, Serializer, SizeLimit
 from .steps import RetryPolicy, make_step
@@ -50,6 +56,7 @@ class App:
                            self.schema,
                            auto_migrate=auto_migrate)
         self.completions = CompletionListener(self)
+        self.queue_policies: dict[str, store.QueuePolicy] = {}
         self._local: _LocalRuntime | None = None
         self._local_lock = threading.Lock()
 
@@ -130,25 +137,30 @@ class App:
 
     def enqueue(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                 queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                max_recoveries: int | None = None, timeout_seconds: float | None = None, conn: Any = None,
-                **kwargs: Any) -> WorkflowHandle[R]:
+                max_recoveries: int | None = None, timeout_seconds: float | None = None,
+                dedup_key: str | None = None, concurrency_key: str | None = None, on_duplicate: str = "return",
+                conn: Any = None, **kwargs: Any) -> WorkflowHandle[R]:
         """Durably enqueue a workflow; a worker runs it. A given ``workflow_id`` is an idempotency key.
 
         With ``conn`` (a psycopg connection, or a SQLAlchemy Session or Connection on psycopg), the
         execution is written on that connection, in its current transaction: it exists if and only if
         that transaction commits, and workers are woken when it does.
 
+        ``dedup_key``: while an unfinished execution of the queue has this key, no second one is enqueued:
+        the handle of the existing one is returned (``on_duplicate="raise"``: ``DuplicateWorkflow``).
+        ``concurrency_key``: executions sharing it are limited together by the queue's ``key_concurrency``.
+
         Called inside a workflow, it starts a child workflow: a step (replay finds the same child), with
         a deterministic id, the parent's deadline, and cancellation cascading from the parent.
         """
         call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
-                                        max_recoveries, timeout_seconds)
+                                        max_recoveries, timeout_seconds, dedup_key, concurrency_key, on_duplicate)
         ctx = current()
         if ctx is not None and conn is None:
             child = self._child_plan(ctx, call, workflow_id)
             return WorkflowHandle(self, waits.drive_sync(ctx, child), hint)
         if conn is None:
-            return self._handle(self.db.run(call), call, hint)
+            return self._handle(self.db.run(call), call, hint, on_duplicate)
         in_transaction = store.enqueue_in_transaction(call, self.schema)
         with _id_conflicts():
             return WorkflowHandle(self, store.run(sync_driver_connection(conn), in_transaction), hint)
@@ -156,15 +168,17 @@ class App:
     async def enqueue_async(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                             queue: str | None = None, priority: int | None = None, delay: float = 0.0,
                             max_recoveries: int | None = None, timeout_seconds: float | None = None,
-                            conn: Any = None, **kwargs: Any) -> WorkflowHandle[R]:
+                            dedup_key: str | None = None, concurrency_key: str | None = None,
+                            on_duplicate: str = "return", conn: Any = None,
+                            **kwargs: Any) -> WorkflowHandle[R]:
         call, hint = self._enqueue_call(workflow, args, kwargs, workflow_id, queue, priority, delay,
-                                        max_recoveries, timeout_seconds)
+                                        max_recoveries, timeout_seconds, dedup_key, concurrency_key, on_duplicate)
         ctx = current()
         if ctx is not None and conn is None:
             child = self._child_plan(ctx, call, workflow_id)
             return WorkflowHandle(self, await waits.drive_async(ctx, child), hint)
         if conn is None:
-            return self._handle(await self.db.arun(call), call, hint)
+            return self._handle(await self.db.arun(call), call, hint, on_duplicate)
         in_transaction = store.enqueue_in_transaction(call, self.schema)
         with _id_conflicts():
             return WorkflowHandle(self, await store.arun(await async_driver_connection(conn), in_transaction),
@@ -243,8 +257,9 @@ class App:
 
     def _enqueue_call(self, workflow: Workflow[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       workflow_id: str | None, queue: str | None, priority: int | None, delay: float,
-                      max_recoveries: int | None,
-                      timeout_seconds: float | None = None) -> tuple[store.Call[store.Enqueued | None], Any]:
+                      max_recoveries: int | None, timeout_seconds: float | None = None,
+                      dedup_key: str | None = None, concurrency_key: str | None = None,
+                      on_duplicate: str = "return") -> tuple[store.Call[store.Enqueued | None], Any]:
         definition = self._resolve(workflow)
         if isinstance(workflow, str) and definition is None:
             # A workflow this process does not define: its signature is unknown, so arguments go by name.
@@ -265,11 +280,17 @@ class App:
             raise ValueError("delay must be >= 0 seconds")
         if timeout_seconds is not None and timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
+        if on_duplicate not in ("return", "raise"):
+            raise ValueError('on_duplicate must be "return" or "raise"')
+        for label, key in (("dedup_key", dedup_key), ("concurrency_key", concurrency_key)):
+            if key is not None and not 1 <= len(key) <= 200:
+                raise ValueError(f"{label} must be 1 to 200 characters")
         call = store.enqueue(
             id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
             priority=default_priority if priority is None else priority, input=input_text,
             max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
-            delay=delay, timeout=timeout_seconds if timeout_seconds is not None else default_timeout)
+            delay=delay, timeout=timeout_seconds if timeout_seconds is not None else default_timeout,
+            dedup_key=dedup_key, concurrency_key=concurrency_key)
         return call, hint
 
     def _encode_arguments(self, workflow: Workflow[..., Any], args: tuple[Any, ...],
@@ -304,13 +325,21 @@ class App:
             return self.registry.get(workflow)
         raise TypeError(f"expected a workflow registered with @app.workflow or its name, got {workflow!r}")
 
-    def _handle(self, enqueued: store.Enqueued | None, call: store.Call[Any], hint: Any) -> WorkflowHandle[Any]:
-        workflow_id, name = call.params["id"], call.params["name"]
-        if enqueued is None:  # lost a race with a concurrent enqueue of the same id: it exists now
+    def _handle(self, enqueued: store.Enqueued | None, call: store.Call[Any], hint: Any,
+                on_duplicate: str = "return") -> WorkflowHandle[Any]:
+        workflow_id, name, dedup_key = call.params["id"], call.params["name"], call.params["dedup_key"]
+        if enqueued is None:  # lost a race with a concurrent enqueue of the same id or dedup key
             existing = self.db.run(store.get_execution(workflow_id))
-            if existing is None:
+            if existing is not None:
+                enqueued = store.Enqueued(existing.id, existing.name, False)
+            elif dedup_key is not None:
+                enqueued = self.db.run(store.find_duplicate(queue=call.params["queue"], dedup_key=dedup_key))
+            if enqueued is None:
                 raise RuntimeError(f"enqueue of {workflow_id} neither created nor found the execution")
-            enqueued = store.Enqueued(existing.id, existing.name, False)
+        if enqueued.id != workflow_id:  # an unfinished execution holds the dedup key
+            if on_duplicate == "raise":
+                raise DuplicateWorkflow(enqueued.id, dedup_key)
+            return WorkflowHandle(self, enqueued.id, hint)
         if enqueued.name != name:
             raise WorkflowIdConflict(
                 f"workflow id {workflow_id!r} already belongs to an execution of {enqueued.name!r}, not {name!r}")
@@ -382,6 +411,30 @@ class App:
         with self.db.pool.connection() as conn, conn.transaction():
             store.run(conn, store.forget_failed_steps(workflow_id))
             return store.run(conn, store.resume(workflow_id))
+
+    # -- queue policies -----------------------------------------------------------------------------------
+
+    def queue(self, name: str, *, concurrency: int | None = None, worker_concurrency: int | None = None,
+              rate_limit: int | None = None, rate_period: float | None = None,
+              key_concurrency: int | None = None) -> store.QueuePolicy:
+        """Declare a queue's limits, enforced in SQL across every worker: ``concurrency`` running at once
+        in all, ``worker_concurrency`` per worker process, ``rate_limit`` starts per ``rate_period``
+        seconds, ``key_concurrency`` running per ``concurrency_key``. Stored when a worker of this app
+        starts (or now, with ``apply_queue_policies``); a queue without limits claims on the fast path."""
+        for label, value in (("concurrency", concurrency), ("worker_concurrency", worker_concurrency),
+                             ("rate_limit", rate_limit), ("key_concurrency", key_concurrency)):
+            if value is not None and value < 1:
+                raise ValueError(f"queue {name!r}: {label} must be at least 1")
+        if (rate_limit is None) != (rate_period is None) or (rate_period is not None and rate_period <= 0):
+            raise ValueError(f"queue {name!r}: give rate_limit and a positive rate_period together")
+        policy = store.QueuePolicy(name, concurrency, worker_concurrency, rate_limit, rate_period, key_concurrency)
+        self.queue_policies[name] = policy
+        return policy
+
+    def apply_queue_policies(self) -> None:
+        """Store the declared queue policies (workers do this when they start)."""
+        for policy in self.queue_policies.values():
+            self.db.run(store.set_queue_policy(policy))
 
     def fork(self, workflow_id: str, from_step: int, *, new_workflow_id: str | None = None) -> WorkflowHandle[Any]:
         """A new execution of the same workflow and input that reuses the recorded outputs of steps before

@@ -36,6 +36,15 @@ class WorkflowIdConflict(PgDurableError):
     """An execution with this id already exists for a different workflow."""
 
 
+class DuplicateWorkflow(PgDurableError):
+    """An unfinished execution of the queue already holds this dedup key (``on_duplicate="raise"``)."""
+
+    def __init__(self, existing_id: str, dedup_key: str | None) -> None:
+        self.existing_id = existing_id
+        self.dedup_key = dedup_key
+        super().__init__(f"dedup key {dedup_key!r} is held by unfinished execution {existing_id}")
+
+
 class ResultTimeout(PgDurableError, TimeoutError):
     """The workflow did not finish within the requested timeout. It keeps running."""
 

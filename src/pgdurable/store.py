@@ -76,6 +76,8 @@ class Execution:
     timeout_seconds: float | None = None
     deadline: datetime | None = None
     app_version: str | None = None
+    dedup_key: str | None = None
+    concurrency_key: str | None = None
 
     @property
     def error_info(self) -> dict[str, Any] | None:
@@ -179,9 +181,15 @@ def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
 # ---- calls ------------------------------------------------------------------------------------------------
 
 def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
-            delay: float, timeout: float | None = None) -> Call[Enqueued | None]:
+            delay: float, timeout: float | None = None, dedup_key: str | None = None,
+            concurrency_key: str | None = None) -> Call[Enqueued | None]:
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
-                            "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout}, _enqueued)
+                            "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
+                            "dedup_key": dedup_key, "concurrency_key": concurrency_key}, _enqueued)
+
+
+def find_duplicate(*, queue: str, dedup_key: str) -> Call[Enqueued | None]:
+    return Call("find_duplicate", {"queue": queue, "dedup_key": dedup_key}, _enqueued)
 
 
 def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str]:
@@ -213,6 +221,41 @@ def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
           version: str) -> Call[list[Claimed]]:
     return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
                           "version": version}, _claimed)
+
+
+def claim_with_policy(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
+                      version: str) -> Call[list[Claimed]]:
+    return Call("claim_with_policy", {"queue": queue, "names": names, "owner": owner, "lease": lease,
+                                      "limit": limit, "version": version}, _claimed)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """Limits of one queue (None: no limit). See App.queue."""
+
+    name: str
+    concurrency: int | None = None
+    worker_concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_period_seconds: float | None = None
+    key_concurrency: int | None = None
+
+    @property
+    def claims_in_sql(self) -> bool:
+        """Whether claims of this queue need the policy-aware claim (the worker limit is local)."""
+        return any(v is not None for v in (self.concurrency, self.rate_limit, self.key_concurrency))
+
+
+def queue_policies(names: list[str] | None) -> Call[dict[str, QueuePolicy]]:
+    return Call("queue_policies", {"names": names}, lambda rows: {row[0]: QueuePolicy(*row) for row in rows})
+
+
+def set_queue_policy(policy: QueuePolicy) -> Call[None]:
+    return Call("set_queue_policy", {"name": policy.name, "concurrency": policy.concurrency,
+                                     "worker_concurrency": policy.worker_concurrency,
+                                     "rate_limit": policy.rate_limit,
+                                     "rate_period_seconds": policy.rate_period_seconds,
+                                     "key_concurrency": policy.key_concurrency}, _nothing)
 
 
 def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
@@ -394,12 +437,16 @@ def list_events(id: str) -> Call[list[Event]]:
 
 def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,
                   name: str, queue: str, priority: int, input: str, max_recoveries: int, delay: float,
-                  timeout: float | None) -> Call[tuple[bool, str | None]]:
+                  timeout: float | None, concurrency_key: str | None = None,
+                  dedup_key: str | None = None) -> Call[tuple[bool, str | None]]:
     """Returns (recorded, the name of the workflow the id belongs to)."""
+    if dedup_key is not None:
+        raise ValueError("dedup_key is for enqueues from outside workflows (a child's id already dedups it)")
     return Call("enqueue_child", {"parent": parent, "attempt": attempt, "step_id": step_id,
                                   "step_name": step_name, "started_at": started_at, "id": id, "name": name,
                                   "queue": queue, "priority": priority, "input": input,
-                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout},
+                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
+                                  "concurrency_key": concurrency_key},
                 lambda rows: (bool(rows[0][0]), rows[0][2]))
 
 

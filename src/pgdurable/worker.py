@@ -52,6 +52,7 @@ class Running:
     claimed: store.Claimed
     context: ExecutionContext
     task: asyncio.Task[None] | None = None
+    queue: str | None = None
 
 
 class Worker:
@@ -86,6 +87,8 @@ class Worker:
         # The timer sleeps until the next known wake-up; a workflow of ours that suspends sooner pokes it.
         self._timer_kick = asyncio.Event()
         self._timer_due: float | None = None
+        # Queue policies of the served queues (see App.queue), refreshed by the sweeper.
+        self.policies: dict[str, store.QueuePolicy] = {}
 
     # -- database -----------------------------------------------------------------------------------------
 
@@ -120,6 +123,9 @@ class Worker:
                 self.loop.add_signal_handler(signum, self.stop)
         background = [asyncio.create_task(self._heartbeat_loop(), name="pgdurable-heartbeat")]
         if self.claims:
+            for policy in self.app.queue_policies.values():
+                await self._run(store.set_queue_policy(policy))
+            self.policies = await self._run(store.queue_policies(self.queues))
             await self._run(store.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
                 workflows=self.names, concurrency=self.concurrency, version=self.version))
@@ -228,8 +234,19 @@ class Worker:
                 queue = self.queues[self._next_queue % len(self.queues)]
                 self._next_queue += 1
                 last_claim = time.monotonic()
+                policy = self.policies.get(queue)
+                if policy is not None and policy.worker_concurrency is not None:
+                    here = sum(1 for r in self.running.values() if r.queue == queue)
+                    limit = min(limit, policy.worker_concurrency - here)
+                    if limit <= 0:
+                        if len(self.queues) > 1 and self._next_queue % len(self.queues):
+                            continue
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
+                        continue
+                claim = store.claim_with_policy if policy is not None and policy.claims_in_sql else store.claim
                 try:
-                    claimed = await self._run(store.claim(
+                    claimed = await self._run(claim(
                         queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit,
                         version=self.version))
                     last_was_short = len(claimed) < limit
@@ -246,7 +263,7 @@ class Worker:
                     await asyncio.sleep(1.0)
                     continue
                 if claimed:
-                    if not await self._launch(claimed):
+                    if not await self._launch(claimed, queue):
                         await asyncio.sleep(1.0)  # as after a failed claim
                         continue
                     if len(claimed) == limit:
@@ -256,7 +273,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
 
-    async def _launch(self, claimed: list[store.Claimed]) -> bool:
+    async def _launch(self, claimed: list[store.Claimed], queue: str | None = None) -> bool:
         """Start the claimed executions; False if they could not be started (and were handed back)."""
         resumed = [c.id for c in claimed if c.has_history]
         try:
@@ -271,17 +288,18 @@ class Worker:
                 await self._batcher.run(store.release(owner=self.id, ids=[c.id for c in claimed]))
             return False
         for execution in claimed:
-            self.adopt(execution, recorded.get(execution.id, {}))
+            self.adopt(execution, recorded.get(execution.id, {}), queue)
         return True
 
-    def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep]) -> asyncio.Task[None]:
+    def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep],
+              queue: str | None = None) -> asyncio.Task[None]:
         """Run an execution this worker owns (claimed, or started in-process by App.start)."""
         assert self.loop is not None and self._batcher is not None
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
             serializer=self.app.serializer, batcher=self._batcher, loop=self.loop, db_now=claimed.db_now,
             on_suspend=self._suspended, app=self.app)
-        running = Running(claimed, context)
+        running = Running(claimed, context, queue=queue)
         self.running[claimed.id] = running
         running.task = asyncio.create_task(self._execute(running), name=f"pgdurable:{claimed.id}")
         return running.task
@@ -424,6 +442,7 @@ class Worker:
                     for execution_id, name in await self._run(store.fail_unrunnable(grace)):
                         log.warning("execution %s: failed, no live worker knows workflow %r", execution_id, name)
                 await self._run(store.prune_workers())
+                self.policies = await self._run(store.queue_policies(self.queues))
             except Exception as exc:
                 log.warning("worker %s: sweep failed (%s)", self.id, exc)
 

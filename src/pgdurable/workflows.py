@@ -16,7 +16,7 @@ R = TypeVar("R")
 
 # Keyword arguments that App.enqueue and App.start take for themselves.
 RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries", "conn",
-                             "timeout_seconds"})
+                             "timeout_seconds", "dedup_key", "concurrency_key", "on_duplicate"})
 
 
 class Workflow(Generic[P, R]):

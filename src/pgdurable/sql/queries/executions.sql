@@ -2,28 +2,39 @@
 -- named placeholders. The connection's search_path is the pgdurable schema.
 
 -- name: enqueue
--- Idempotent by id: a second enqueue with the same id returns the existing row (created = false).
+-- Idempotent by id: a second enqueue with the same id returns the existing row (created = false). With a
+-- dedup key that an unfinished execution of the queue holds, returns that one (another id).
 -- A delayed start waits in 'waiting' (out of the claim index) until the timer enqueues it.
 WITH inserted AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                     wait_reason, timeout_seconds)
+                                     wait_reason, timeout_seconds, dedup_key, concurrency_key)
     VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
             now() + make_interval(secs => %(delay)s),
             CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-            CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s)
-    ON CONFLICT (id) DO NOTHING
+            CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, %(dedup_key)s, %(concurrency_key)s)
+    ON CONFLICT DO NOTHING
     RETURNING id, name, true AS created
 )
 SELECT id, name, created FROM inserted
 UNION ALL
+(SELECT id, name, false FROM workflow_executions
+ WHERE NOT EXISTS (SELECT 1 FROM inserted)
+   AND (id = %(id)s
+        OR (%(dedup_key)s::text IS NOT NULL AND queue = %(queue)s AND dedup_key = %(dedup_key)s::text
+            AND status IN ('enqueued', 'waiting', 'running')))
+ ORDER BY id = %(id)s DESC
+ LIMIT 1);
+
+-- name: find_duplicate
 SELECT id, name, false FROM workflow_executions
-WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
+WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s AND status IN ('enqueued', 'waiting', 'running');
 
 -- name: enqueue_in_transaction
 -- Enqueue on the caller's own connection, inside its transaction, through the SQL function (schema-
 -- qualified, since the caller's search_path is its own).
 SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, %(priority)s, NULL,
-                                 make_interval(secs => %(delay)s), %(max_recoveries)s, %(timeout)s);
+                                 make_interval(secs => %(delay)s), %(max_recoveries)s, %(timeout)s,
+                                 %(dedup_key)s, %(concurrency_key)s);
 
 -- name: enqueue_many
 -- Bulk enqueue of one workflow: %(rows)s is one JSON array of [id, input] pairs (one parameter, parsed by
@@ -91,6 +102,20 @@ SET status = 'running',
 FROM picked
 WHERE e.id = picked.id
 RETURNING e.id, e.name, e.attempt, e.input, now(), e.attempt > 1 OR e.forked_from IS NOT NULL;
+
+-- name: claim_with_policy
+-- The claim of a queue with a policy (concurrency, rate or per-key limits): see the SQL function.
+SELECT * FROM claim_with_policy(%(queue)s, %(names)s, %(owner)s, %(lease)s, %(limit)s, %(version)s);
+
+-- name: queue_policies
+SELECT name, concurrency, worker_concurrency, rate_limit, rate_period_seconds, key_concurrency
+FROM queues
+WHERE %(names)s::text[] IS NULL OR name = ANY (%(names)s::text[])
+ORDER BY name;
+
+-- name: set_queue_policy
+SELECT set_queue_policy(%(name)s, %(concurrency)s, %(worker_concurrency)s, %(rate_limit)s,
+                        %(rate_period_seconds)s, %(key_concurrency)s);
 
 -- name: load_steps
 SELECT execution_id, step_id, step_name, output, error
@@ -211,7 +236,7 @@ RETURNING e.id, e.name;
 -- name: get_execution
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
-       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key
 FROM workflow_executions
 WHERE id = %(id)s;
 
@@ -221,7 +246,7 @@ SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
-       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key
 FROM workflow_executions
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
