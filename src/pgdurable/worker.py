@@ -45,6 +45,8 @@ _IDLE_TIMEOUT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s
 _CLAIM_BATCH = 64
 # A busy worker claims at most this often while few slots are free or its queue keeps running dry.
 _CLAIM_COALESCE_SECONDS = 0.005
+# After a short claim on a queue with limits in SQL, look again this soon (doubling while nothing comes).
+_POLICY_RECHECK_SECONDS = 0.01
 
 
 @dataclass
@@ -216,6 +218,10 @@ class Worker:
         batch_floor = max(1, self.concurrency // 4)
         last_claim, last_was_short = 0.0, False
         lost_connections = 0
+        # A queue with limits in SQL frees capacity without any NOTIFY (a slot's holder finished elsewhere,
+        # a rate window moved on): after a short claim there, look again soon, backing off while it stays
+        # empty, instead of waiting for the poll interval.
+        recheck: dict[str, float] = {}
         while not self._stop.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
@@ -251,6 +257,13 @@ class Worker:
                         version=self.version))
                     last_was_short = len(claimed) < limit
                     lost_connections = 0
+                    if claim is store.claim_with_policy:
+                        if not last_was_short:
+                            recheck.pop(queue, None)
+                        else:
+                            previous = recheck.get(queue) if not claimed else None
+                            recheck[queue] = min(previous * 2 if previous else _POLICY_RECHECK_SECONDS,
+                                                 self.settings.poll_seconds)
                 except psycopg.OperationalError as exc:
                     # A lost connection (server restart, terminated backend): the pool drops it, and others
                     # it holds may be dead too. Retry soon, backing off while the server stays away.
@@ -270,8 +283,9 @@ class Worker:
                         continue  # there may be more waiting
                 if len(self.queues) > 1 and self._next_queue % len(self.queues):
                     continue  # look at the other queues before sleeping
+            wait = min([self.settings.poll_seconds, *recheck.values()])
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_seconds)
+                await asyncio.wait_for(self._wake.wait(), wait)
 
     async def _launch(self, claimed: list[store.Claimed], queue: str | None = None) -> bool:
         """Start the claimed executions; False if they could not be started (and were handed back)."""

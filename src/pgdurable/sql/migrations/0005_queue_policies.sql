@@ -158,7 +158,9 @@ BEGIN
             owner_id = owner,
             lease_expires = now() + make_interval(secs => lease),
             attempt = e.attempt + 1,
-            started_at = coalesce(e.started_at, now()),
+            -- The moment of the claim itself (not the transaction's start, before the slots and key
+            -- locks were taken), so that limits can be checked against these timestamps.
+            started_at = coalesce(e.started_at, clock_timestamp()),
             updated_at = now(),
             app_version = version,
             deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
