@@ -272,3 +272,52 @@ def test_patched_keeps_old_executions_on_their_old_path(make_app: Callable[..., 
     fresh = after.enqueue(evolving_v2)
     after.send(fresh.workflow_id, "m2")
     assert fresh.result(timeout=10) == ["m2", "new"]
+
+
+def test_cli_send_fork_show_and_queue_policies(app: pgdurable.App, database_url: str, schema: str,
+                                               start_worker: Callable[..., Any]) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pgdurable.cli import cli
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, [*args, "--database-url", database_url, "--schema", schema])
+
+    @app.step()
+    def shout(text: str) -> str:
+        return text.upper()
+
+    @app.workflow()
+    def echo() -> str:
+        heard = pgdurable.recv("say", timeout=30)
+        pgdurable.set_event("heard", heard)
+        return shout(str(heard))
+
+    start_worker(app)
+    handle = app.enqueue(echo, workflow_id="cli-echo")
+    wait_for(lambda: execution(app, "cli-echo").status == "waiting", 10, "it to wait")
+    bad = run("workflows", "send", "cli-echo", "{not json")
+    assert bad.exit_code == 2 and "JSON" in bad.output
+    assert run("workflows", "send", "nobody", '"x"').exit_code == 1
+    sent = run("workflows", "send", "cli-echo", '"hi"', "--topic", "say", "--json")
+    assert json.loads(sent.output) == {"id": "cli-echo", "sent": True}
+    assert handle.result(timeout=10) == "HI"
+    shown = json.loads(run("workflows", "show", "cli-echo", "--json").output)
+    assert shown["events"][0]["key"] == "heard" and shown["events"][0]["value"] == "hi"
+    assert shown["messages"][0]["message"] == "hi" and shown["messages"][0]["consumed_at"]
+    assert shown["app_version"] == app.version
+
+    forked = json.loads(run("workflows", "fork", "cli-echo", "--from-step", "3", "--json").output)
+    assert app.handle(forked["forked"]).result(timeout=10) == "HI"  # the receive was reused, shout ran again
+    assert run("workflows", "fork", "nobody", "--from-step", "0").exit_code == 1
+
+    stored = run("queues", "set", "emails", "--concurrency", "5", "--rate-limit", "10", "--rate-period", "60")
+    assert stored.exit_code == 0
+    listed = json.loads(run("queues", "list", "--json").output)
+    assert listed == [{"name": "emails", "concurrency": 5, "worker_concurrency": None, "rate_limit": 10,
+                       "rate_period_seconds": 60.0, "key_concurrency": None}]
+    assert run("queues", "set", "emails", "--rate-limit", "10").exit_code == 2
+    assert run("queues", "set", "emails").exit_code == 0  # no limits: removed
+    assert json.loads(run("queues", "list", "--json").output) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -21,6 +22,8 @@ cli = typer.Typer(help="Durable Python workflows with PostgreSQL as the only orc
                   no_args_is_help=True, add_completion=False)
 workflows_cli = typer.Typer(help="Inspect and steer workflow executions.", no_args_is_help=True)
 cli.add_typer(workflows_cli, name="workflows")
+queues_cli = typer.Typer(help="Queue policies: concurrency, rate and per-key limits.", no_args_is_help=True)
+cli.add_typer(queues_cli, name="queues")
 console = Console()
 
 DatabaseUrl = Annotated[str | None, typer.Option(
@@ -157,16 +160,29 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
     with _app(database_url, schema) as app:
         execution = app.get(workflow_id)
         steps = app.steps(workflow_id)
+        children = app.children(workflow_id)
+        events = app.db.run(store.list_events(workflow_id))
+        messages = app.db.run(store.list_messages(workflow_id))
     if execution is None:
         console.print(f"[red]no execution with id {workflow_id}[/red]")
         raise typer.Exit(1)
     if as_json:
-        print(json.dumps({**_execution_dict(execution), "steps": [_step_dict(s) for s in steps]}, indent=2))
+        print(json.dumps({
+            **_execution_dict(execution), "steps": [_step_dict(s) for s in steps],
+            "children": [{"id": c[0], "name": c[1], "status": c[2]} for c in children],
+            "events": [{"key": e.key, "step_id": e.step_id, "value": _payload(e.value),
+                        "created_at": _jsonable(e.created_at)} for e in events],
+            "messages": [{"topic": m.topic, "message": _payload(m.message), "created_at": _jsonable(m.created_at),
+                          "consumed_at": _jsonable(m.consumed_at)} for m in messages],
+        }, indent=2))
         return
     summary = Table.grid(padding=(0, 2))
     for label, value in [
         ("id", execution.id), ("workflow", execution.name), ("queue", execution.queue),
-        ("status", execution.status), ("attempt", str(execution.attempt)),
+        ("status", execution.status + (f" ({execution.wait_reason})" if execution.wait_reason else "")),
+        ("attempt", str(execution.attempt)), ("version", execution.app_version or ""),
+        ("parent", execution.parent_id or ""), ("forked from", execution.forked_from or ""),
+        ("deadline", _when(execution.deadline)),
         ("recoveries", f"{execution.recoveries} of {execution.max_recoveries}"),
         ("owner", execution.owner_id or ""), ("lease expires", _when(execution.lease_expires)),
         ("created", _when(execution.created_at)), ("started", _when(execution.started_at)),
@@ -186,12 +202,111 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         table.add_row(str(s.step_id), s.step_name, outcome, str(s.attempts), str(s.recorded_by_attempt),
                       _when(s.started_at), f"{duration:.1f}")
     console.print(table)
+    if children:
+        kids = Table("child", "workflow", "status", title=f"{len(children)} child workflows")
+        for c in children[:50]:
+            kids.add_row(c[0], c[1], c[2])
+        console.print(kids)
+    for e in events:
+        console.print(f"event [bold]{e.key}[/bold] (step {e.step_id}): {_short(_payload(e.value))}")
+
+
+@workflows_cli.command("fork")
+def fork_workflow(workflow_id: str,
+                  from_step: Annotated[int, typer.Option("--from-step", help="First step to run again.")],
+                  new_id: Annotated[str | None, typer.Option("--new-id", help="Id of the new execution.")] = None,
+                  database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Start a new execution of the same workflow and input that reuses the recorded steps before
+    --from-step and runs again from there (after fixing a bug, say).
+
+    Example: pgdurable workflows fork 6f1c... --from-step 3
+    """
+    from .errors import WorkflowIdConflict, WorkflowNotFound
+
+    with _app(database_url, schema) as app:
+        try:
+            forked = app.fork(workflow_id, from_step, new_workflow_id=new_id)
+        except (WorkflowNotFound, WorkflowIdConflict) as exc:
+            console.print(f"[red]not forked: {exc}[/red]")
+            raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps({"id": workflow_id, "forked": forked.workflow_id, "from_step": from_step}))
+    else:
+        console.print(f"{workflow_id}: forked from step {from_step} as {forked.workflow_id}")
+
+
+@workflows_cli.command("send")
+def send_message(workflow_id: str, message: Annotated[str, typer.Argument(help="The message, as JSON.")],
+                 topic: Annotated[str | None, typer.Option(help="Topic (default: none).")] = None,
+                 key: Annotated[str | None, typer.Option(help="Idempotency key.")] = None,
+                 database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Send a message to a workflow (received with pgdurable.recv).
+
+    Example: pgdurable workflows send order-42 '{"approved": true}' --topic approval
+    """
+    from .errors import WorkflowNotFound
+
+    try:
+        value = json.loads(message)
+    except json.JSONDecodeError as exc:
+        console.print(f"[red]the message must be JSON: {exc}[/red]")
+        raise typer.Exit(2) from None
+    with _app(database_url, schema) as app:
+        try:
+            stored = app.send(workflow_id, value, topic=topic, idempotency_key=key)
+        except WorkflowNotFound:
+            console.print(f"[red]no execution with id {workflow_id}[/red]")
+            raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps({"id": workflow_id, "sent": stored}))
+    else:
+        console.print(f"{workflow_id}: " + ("sent" if stored else "already sent with this key"))
+
+
+@queues_cli.command("list")
+def list_queues(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Queues that have a policy."""
+    with _app(database_url, schema) as app:
+        policies = app.db.run(store.queue_policies(None))
+    if as_json:
+        print(json.dumps([dataclasses.asdict(p) for p in policies.values()], indent=2))
+        return
+    table = Table("queue", "concurrency", "per worker", "rate", "per key")
+    for p in policies.values():
+        rate = f"{p.rate_limit} / {p.rate_period_seconds:g}s" if p.rate_limit else ""
+        table.add_row(p.name, str(p.concurrency or ""), str(p.worker_concurrency or ""), rate,
+                      str(p.key_concurrency or ""))
+    console.print(table)
+
+
+@queues_cli.command("set")
+def set_queue(name: str,
+              concurrency: Annotated[int | None, typer.Option(help="Running at once, all workers.")] = None,
+              worker_concurrency: Annotated[int | None, typer.Option(help="Running at once per worker.")] = None,
+              rate_limit: Annotated[int | None, typer.Option(help="Starts per --rate-period.")] = None,
+              rate_period: Annotated[float | None, typer.Option(help="Seconds.")] = None,
+              key_concurrency: Annotated[int | None, typer.Option(help="Running at once per key.")] = None,
+              database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+    """Set a queue's limits (no limits given: remove its policy). Workers pick it up within a sweep.
+
+    Example: pgdurable queues set emails --concurrency 10 --rate-limit 100 --rate-period 60
+    """
+    with _app(database_url, schema) as app:
+        try:
+            policy = app.queue(name, concurrency=concurrency, worker_concurrency=worker_concurrency,
+                               rate_limit=rate_limit, rate_period=rate_period, key_concurrency=key_concurrency)
+        except ValueError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+        app.db.run(store.set_queue_policy(policy))
+    console.print(f"queue {name}: " + ("policy stored" if policy.claims_in_sql or policy.worker_concurrency
+                                       else "policy removed"))
 
 
 @workflows_cli.command("cancel")
 def cancel_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                     as_json: AsJson = False) -> None:
-    """Cancel an enqueued or running execution (a running one stops at its next step)."""
+    """Cancel an unfinished execution and its unfinished children (a running one stops at once)."""
     with _app(database_url, schema) as app:
         done = app.cancel(workflow_id)
     _report(as_json, workflow_id, "cancelled", done, "is not enqueued or running")
