@@ -370,11 +370,12 @@ class CpuMeter:
 class WorkerProcess:
     """`python -m pgdurable worker bench.throughput:app` serving one queue, logging to a temporary file."""
 
-    def __init__(self, url: str, schema: str, queue: str, concurrency: int) -> None:
+    def __init__(self, url: str, schema: str, queue: str, concurrency: int,
+                 target: str = "bench.throughput:app") -> None:
         env = {**os.environ, "PGDURABLE_BENCH_URL": url, "PGDURABLE_BENCH_SCHEMA": schema}
         fd, self.log = tempfile.mkstemp(prefix=f"pgdurable-bench-{queue}-", suffix=".log")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pgdurable", "worker", "bench.throughput:app", "--queue", queue,
+            [sys.executable, "-m", "pgdurable", "worker", target, "--queue", queue,
              "--concurrency", str(concurrency)],
             cwd=REPO, env=env, stdout=fd, stderr=subprocess.STDOUT)
         os.close(fd)
