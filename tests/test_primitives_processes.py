@@ -20,7 +20,7 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import waiting
-from tests.harness import WorkerHarness
+from tests.harness import WorkerHarness, wait_for
 
 
 @pytest.fixture
@@ -30,8 +30,8 @@ def harness(database_url: str, schema: str, spawn_worker: Callable[..., Any], tm
     with psycopg.connect(database_url, autocommit=True) as db:
         waiting.create(db, effects_schema)
         client = make_app(app_version="waiting-test")
-        wf = SimpleNamespace(**dict(zip(("napper", "listener", "kid", "family"), waiting.define(client),
-                                        strict=True)))
+        wf = SimpleNamespace(**dict(zip(("napper", "listener", "kid", "family", "limited_job"),
+                                        waiting.define(client), strict=True)))
         client.migrate()
         db.execute(sql.SQL("SET search_path = {}, {}").format(sql.Identifier(schema),
                                                               sql.Identifier(effects_schema)))
@@ -87,7 +87,7 @@ def test_sigkill_during_sleeps_receives_and_child_waits_loses_and_duplicates_not
         assert handles[f"listen-{n}"].result(timeout=60) == ["m0", "m1"]
         assert handles[f"family-{n}"].result(timeout=60) == [n * 10, n * 10 + 1, n * 10 + 2]
         assert client.get_event(f"listen-{n}", "heard") == ["m0", "m1"]
-    effects = h.rows("SELECT label, count(*) FROM effects GROUP BY label")
+    effects = h.rows("SELECT label, count(*) FROM effects WHERE label NOT LIKE 'limited-%%' GROUP BY label")
     counts = dict(effects)
     expected = {f"{kind}-{n}" for n in range(rounds) for kind in ("before", "heard", "family")}
     expected |= {f"after-{n}-{i}" for n in range(rounds) for i in range(3)}
@@ -102,3 +102,26 @@ def test_sigkill_during_sleeps_receives_and_child_waits_loses_and_duplicates_not
     print(f"{kills} SIGKILLs; {recovered} executions recovered from a dead worker; "
           f"{h.scalar('SELECT count(*) FROM workflow_executions')} executions in all")
     assert kills >= 5
+
+
+def test_a_killed_worker_holding_global_slots_gives_them_back(harness: WorkerHarness) -> None:
+    h, wf, client = harness, harness.wf, harness.client
+    env = h.env  # type: ignore[attr-defined]
+    workers = [h.start(("-c", "4", "--queue", "limited"), env, wait=True) for _ in range(2)]
+    handles = [client.enqueue(wf.limited_job, n) for n in range(12)]
+    # Kill a worker that holds a slot (owner ids are host:pid:nonce).
+    owner = wait_for(lambda: h.scalar("SELECT owner_id FROM workflow_executions WHERE queue = 'limited' "
+                                      "AND status = 'running' LIMIT 1"), 20, "a limited job to be running")
+    victim = next(w for w in workers if w.pid == int(owner.split(":")[1]))
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert [x.result(timeout=60) for x in handles] == [f"limited-{n}" for n in range(12)]
+    rows = h.rows("SELECT label, started, finished FROM effects WHERE label LIKE 'limited-%%' ORDER BY started")
+    assert sorted(r[0] for r in rows) == sorted(f"limited-{n}" for n in range(12))  # each once (kill rolled back)
+    events = sorted([(r[1], 1) for r in rows] + [(r[2], -1) for r in rows])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak <= 2  # never more than the limit, also while the dead worker's slot was held
+    assert h.scalar("SELECT count(*) FROM workflow_executions WHERE queue = 'limited' AND recoveries > 0") >= 1

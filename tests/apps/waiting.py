@@ -23,7 +23,8 @@ app = pgdurable.App(lease_seconds=2.0, sweep_seconds=0.3, poll_seconds=0.3, app_
 def create(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     conn.execute(sql.SQL("CREATE TABLE {}.effects (execution_id text NOT NULL, label text NOT NULL, "
-                         "pid integer NOT NULL)").format(sql.Identifier(schema)))
+                         "pid integer NOT NULL, started timestamptz NOT NULL DEFAULT clock_timestamp(), "
+                         "finished timestamptz)").format(sql.Identifier(schema)))
 
 
 def define(app: pgdurable.App) -> Any:
@@ -62,7 +63,25 @@ def define(app: pgdurable.App) -> Any:
         effect(f"family-{n}")
         return total
 
-    return napper, listener, kid, family
+    # A queue where at most 2 run at once across all workers; each job holds its place for 0.3 s inside
+    # its transaction, and its row records when it started and finished (rolled back if it is killed).
+    app.queue("limited", concurrency=2)
+
+    @app.transaction()
+    def slow_effect(conn: psycopg.Connection[Any], label: str) -> str:
+        schema = sql.Identifier(os.environ["WAITING_SCHEMA"])
+        conn.execute(sql.SQL("INSERT INTO {}.effects VALUES (%s, %s, %s)").format(schema),
+                     (pgdurable.current_workflow_id(), label, os.getpid()))
+        conn.execute("SELECT pg_sleep(0.3)")
+        conn.execute(sql.SQL("UPDATE {}.effects SET finished = clock_timestamp() WHERE label = %s").format(schema),
+                     (label,))
+        return label
+
+    @app.workflow(queue="limited")
+    def limited_job(n: int) -> str:
+        return slow_effect(f"limited-{n}")
+
+    return napper, listener, kid, family, limited_job
 
 
-napper, listener, kid, family = define(app)
+napper, listener, kid, family, limited_job = define(app)
