@@ -29,6 +29,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def execution(app: pgdurable.App, workflow_id: str) -> Any:
+    """The execution's row (store.Execution); fails the test if there is none."""
+    found = app.get(workflow_id)
+    assert found is not None, f"no execution {workflow_id}"
+    return found
+
+
 class WorkerHarness:
     """Starts workers serving ``target`` (via the ``spawn_worker`` fixture) and queries the engine schema
     (``db`` has it on its search_path)."""

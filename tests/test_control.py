@@ -14,13 +14,7 @@ import pytest
 from psycopg import sql
 
 import pgdurable
-from tests.harness import wait_for
-
-
-def execution(app: pgdurable.App, workflow_id: str) -> Any:
-    found = app.get(workflow_id)
-    assert found is not None
-    return found
+from tests.harness import execution, wait_for
 
 
 def test_timeout_fails_a_sleeping_workflow_and_its_children(app: pgdurable.App,

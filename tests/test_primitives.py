@@ -13,13 +13,7 @@ import pytest
 from psycopg import sql
 
 import pgdurable
-from tests.harness import wait_for
-
-
-def execution(app: pgdurable.App, workflow_id: str) -> Any:
-    found = app.get(workflow_id)
-    assert found is not None
-    return found
+from tests.harness import execution, wait_for
 
 
 def test_durable_sleep_releases_the_slot_and_wakes_on_time(app: pgdurable.App,

@@ -139,78 +139,7 @@ WHERE e.status = 'enqueued'
                     AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version)
                     AND w.heartbeat_at > now() - interval '2 minutes');
 
--- A delayed start now waits in 'waiting' (out of the claim index) until the timer enqueues it.
-DROP FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer);
-
-CREATE FUNCTION enqueue_workflow(
-    workflow_name   text,
-    input           jsonb       DEFAULT '{}',
-    queue           text        DEFAULT 'default',
-    workflow_id     text        DEFAULT NULL,
-    priority        integer     DEFAULT 0,
-    start_at        timestamptz DEFAULT NULL,
-    delay           interval    DEFAULT NULL,
-    max_recoveries  integer     DEFAULT 5,
-    timeout_seconds double precision DEFAULT NULL
-) RETURNS text
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path FROM CURRENT
-AS $$
-#variable_conflict use_variable
-DECLARE
-    new_id text := coalesce(workflow_id, gen_random_uuid()::text);
-    owner_name text;
-    starts timestamptz;
-BEGIN
-    IF workflow_name IS NULL OR length(workflow_name) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'enqueue_workflow: workflow_name must be 1 to 200 characters'
-            USING ERRCODE = '22023';
-    END IF;
-    IF input IS NULL OR jsonb_typeof(input) <> 'object' THEN
-        RAISE EXCEPTION 'enqueue_workflow: input must be a JSON object of arguments by name, not %',
-                        coalesce(jsonb_typeof(input), 'NULL')
-            USING ERRCODE = '22023', HINT = 'for example: ''{"order_id": 42}''::jsonb';
-    END IF;
-    IF octet_length(input::text) > 8388608 THEN
-        RAISE EXCEPTION 'enqueue_workflow: input is % bytes of JSON; the limit is 8 MiB', octet_length(input::text)
-            USING ERRCODE = '54000', HINT = 'store large payloads in a table and pass their key';
-    END IF;
-    IF queue IS NULL OR queue !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN
-        RAISE EXCEPTION 'enqueue_workflow: queue % is not a valid queue name', quote_nullable(queue)
-            USING ERRCODE = '22023', HINT = '1 to 100 letters, digits, or _ . : -';
-    END IF;
-    IF length(new_id) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'enqueue_workflow: workflow_id must be 1 to 200 characters' USING ERRCODE = '22023';
-    END IF;
-    IF start_at IS NOT NULL AND delay IS NOT NULL THEN
-        RAISE EXCEPTION 'enqueue_workflow: give start_at or delay, not both' USING ERRCODE = '22023';
-    END IF;
-    IF priority IS NULL OR max_recoveries IS NULL OR max_recoveries < 0 THEN
-        RAISE EXCEPTION 'enqueue_workflow: priority must be given and max_recoveries must be >= 0'
-            USING ERRCODE = '22023';
-    END IF;
-    IF timeout_seconds IS NOT NULL AND NOT timeout_seconds > 0 THEN
-        RAISE EXCEPTION 'enqueue_workflow: timeout_seconds must be positive' USING ERRCODE = '22023';
-    END IF;
-
-    starts := coalesce(start_at, now() + coalesce(delay, interval '0'));
-    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at,
-                                          status, wait_reason, timeout_seconds)
-    VALUES (new_id, workflow_name, queue, priority, input, max_recoveries, starts,
-            CASE WHEN starts > now() THEN 'waiting' ELSE 'enqueued' END,
-            CASE WHEN starts > now() THEN 'delay' END, timeout_seconds)
-    ON CONFLICT (id) DO NOTHING;
-    IF NOT FOUND THEN
-        SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
-        IF owner_name IS DISTINCT FROM workflow_name THEN
-            RAISE EXCEPTION 'enqueue_workflow: workflow id % already belongs to workflow %', new_id, owner_name
-                USING ERRCODE = '23505';
-        END IF;
-    END IF;
-    RETURN new_id;
-END;
-$$;
+-- (enqueue_workflow learns delayed starts in 'waiting', timeouts and keys in migration 5.)
 
 -- Cancel an execution and, down the parent links, every unfinished descendant; true if the execution
 -- itself was cancelled. A running one stops at once (its owner is notified) and writes nothing more.
@@ -290,23 +219,4 @@ AS $$
     LIMIT 1;
 $$;
 
-REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer,
-                                        double precision),
-                       send_message(text, jsonb, text, text), workflow_event(text, text)
-    FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION grant_application_role(role_name name) RETURNS void
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    schema_name text := current_schema();
-BEGIN
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, role_name);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION %I.enqueue_workflow(text, jsonb, text, text, integer, '
-                   'timestamptz, interval, integer, double precision), %I.workflow_status(text), '
-                   '%I.cancel_workflow(text), %I.send_message(text, jsonb, text, text), '
-                   '%I.workflow_event(text, text) TO %I',
-                   schema_name, schema_name, schema_name, schema_name, schema_name, role_name);
-END;
-$$;
+REVOKE ALL ON FUNCTION send_message(text, jsonb, text, text), workflow_event(text, text) FROM PUBLIC;

@@ -188,10 +188,10 @@ BEGIN
 END;
 $$;
 
--- Enqueue from any language, now with deduplication and concurrency keys. With a dedup_key that an
+-- Enqueue from any language, now with a time budget, deduplication and concurrency keys; a delayed start
+-- waits in 'waiting' (out of the claim index) until a timer enqueues it. With a dedup_key that an
 -- unfinished execution of the queue already has, returns that execution's id instead of a new one.
-DROP FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer,
-                               double precision);
+DROP FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer);
 
 CREATE FUNCTION enqueue_workflow(
     workflow_name   text,
