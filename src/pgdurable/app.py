@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import threading
 import uuid
@@ -30,6 +31,7 @@ from .errors import (
 from .migrations import migrate
 from .serialization import JsonSerializer, Serializer, SizeLimit
 from .steps import RetryPolicy, make_step
+from .telemetry import Observer, Observers
 from .transactions import make_transaction_step
 from .workflows import Registry, Workflow, default_name
 
@@ -57,6 +59,7 @@ class App:
                            auto_migrate=auto_migrate)
         self.completions = CompletionListener(self)
         self.queue_policies: dict[str, store.QueuePolicy] = {}
+        self.observers = Observers()
         self._local: _LocalRuntime | None = None
         self._local_lock = threading.Lock()
 
@@ -247,13 +250,26 @@ class App:
                 rows=rows, name=definition.name, queue=queue or definition.queue,
                 priority=definition.priority if priority is None else priority,
                 max_recoveries=self.settings.max_recoveries if definition.max_recoveries is None
-                else definition.max_recoveries, delay=delay, timeout=definition.timeout_seconds))
+                else definition.max_recoveries, delay=delay, timeout=definition.timeout_seconds,
+                trace=self._trace()))
         return _Bulk(definition, ids, calls)
 
-    @staticmethod
-    def _child_plan(ctx: Any, call: store.Call[Any], workflow_id: str | None) -> waits.Plan:
+    def _child_plan(self, ctx: Any, call: store.Call[Any], workflow_id: str | None) -> waits.Plan:
         params = {k: v for k, v in call.params.items() if k not in ("id", "name")}
+        params["trace"] = self._trace(ctx.telemetry) if self.observers else None  # the parent's trace
         return waits.enqueue_child_plan(ctx, call.params["name"], workflow_id, params)
+
+    def observe(self, observer: Observer) -> Observer:
+        """Register a metrics or tracing observer (see pgdurable.metrics, pgdurable.tracing)."""
+        self.observers.add(observer)
+        return observer
+
+    def _trace(self, parent: Any = None) -> str | None:
+        """The trace context to store with an execution enqueued now, as JSON text (None: no tracing)."""
+        if not self.observers:
+            return None
+        carrier = self.observers.trace_carrier(parent)
+        return json.dumps(carrier) if carrier else None
 
     def _enqueue_call(self, workflow: Workflow[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       workflow_id: str | None, queue: str | None, priority: int | None, delay: float,
@@ -290,7 +306,7 @@ class App:
             priority=default_priority if priority is None else priority, input=input_text,
             max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
             delay=delay, timeout=timeout_seconds if timeout_seconds is not None else default_timeout,
-            dedup_key=dedup_key, concurrency_key=concurrency_key)
+            dedup_key=dedup_key, concurrency_key=concurrency_key, trace=self._trace())
         return call, hint
 
     def _encode_arguments(self, workflow: Workflow[..., Any], args: tuple[Any, ...],
@@ -368,13 +384,13 @@ class App:
             max_recoveries=self.settings.max_recoveries if max_recoveries is None else max_recoveries,
             owner=runtime.worker.id, lease=self.settings.lease_seconds,
             timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
-            version=self.version))
+            version=self.version, trace=(trace := self._trace())))
         assert row is not None
         execution_id, name, created, attempt, stored_input, db_now = row
         if name != definition.name:
             raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
         if created:
-            runtime.submit(store.Claimed(execution_id, name, attempt, stored_input, db_now))
+            runtime.submit(store.Claimed(execution_id, name, attempt, stored_input, db_now), trace)
         return WorkflowHandle(self, execution_id, definition.signature.return_hint)
 
     def _local_runtime(self) -> _LocalRuntime:
@@ -609,8 +625,8 @@ class _LocalRuntime:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.worker.run())
 
-    def submit(self, claimed: store.Claimed) -> None:
-        asyncio.run_coroutine_threadsafe(self.worker.adopt_new(claimed), self.loop).result()
+    def submit(self, claimed: store.Claimed, trace: str | None = None) -> None:
+        asyncio.run_coroutine_threadsafe(self.worker.adopt_new(claimed, trace), self.loop).result()
 
     def close(self) -> None:
         self.worker.stop_threadsafe()

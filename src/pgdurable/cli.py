@@ -96,11 +96,25 @@ def worker(
     wait_for_db: Annotated[float, typer.Option(
         "--wait-for-db", help="Seconds to keep retrying while the database does not answer at start.")] = 300.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on this port (needs pgdurable[metrics]).")] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
-    """Run a worker: claim executions, run them, heartbeat, sweep. SIGTERM/SIGINT stops it gracefully."""
+    """Run a worker: claim executions, run them, heartbeat, sweep. SIGTERM/SIGINT stops it gracefully.
+
+    Example: pgdurable worker shop:app --queue orders --concurrency 32 --metrics-port 9100
+    """
     _setup_logging(verbose)
     app = _load_app(target)
     import asyncio
+
+    if metrics_port is not None:
+        try:
+            from .metrics import PrometheusMetrics
+        except ImportError:
+            console.print("[red]--metrics-port needs the metrics extra: pip install 'pgdurable[metrics]'[/red]")
+            raise typer.Exit(2) from None
+        app.observe(PrometheusMetrics(app)).serve(metrics_port, metrics_host)  # type: ignore[attr-defined]
 
     from .errors import ConfigurationError
     from .startup import wait_for_database

@@ -42,7 +42,8 @@ class ExecutionContext:
     def __init__(self, *, execution_id: str, workflow_name: str, attempt: int,
                  recorded: dict[int, store.RecordedStep], serializer: Serializer,
                  batcher: WriteBatcher, loop: asyncio.AbstractEventLoop, db_now: datetime | None = None,
-                 on_suspend: Callable[[datetime | None], None] | None = None, app: Any = None) -> None:
+                 on_suspend: Callable[[datetime | None], None] | None = None, app: Any = None,
+                 observers: Any = None) -> None:
         self.execution_id = execution_id
         self.workflow_name = workflow_name
         self.attempt = attempt
@@ -56,6 +57,9 @@ class ExecutionContext:
         # Durable timers use the database's clock: remember how far this machine's clock is from it.
         self._clock_offset = (db_now.timestamp() - time.time()) if db_now is not None else 0.0
         self._on_suspend = on_suspend
+        # Metrics and tracing: the observers, and what workflow_started returned for this attempt.
+        self.observers = observers
+        self.telemetry: Any = None
 
     def activate(self) -> Any:
         return _current.set(self)
@@ -92,6 +96,7 @@ class ExecutionContext:
                      attempts: int, started_at: datetime) -> None:
         write = StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, attempts, started_at)
         self._check(await self._batcher.submit(write), step_id, step_name)
+        self.step_done(step_name, step_id, started_at, error is not None, attempts)
 
     def record_sync(self, step_id: int, step_name: str, output: str | None, error: str | None,
                     attempts: int, started_at: datetime) -> None:
@@ -101,6 +106,12 @@ class ExecutionContext:
                 "make the step `async def`, or call it through `await asyncio.to_thread(...)`")
         write = StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, attempts, started_at)
         self._check(self._batcher.submit_threadsafe(write).result(), step_id, step_name)
+        self.step_done(step_name, step_id, started_at, error is not None, attempts)
+
+    def step_done(self, step_name: str, step_id: int, started_at: datetime, failed: bool, attempts: int) -> None:
+        """Tell metrics and tracing that a step ran and its outcome is recorded."""
+        if self.observers:
+            self.observers.step_finished(self.telemetry, step_name, step_id, started_at, utcnow(), failed, attempts)
 
     def _check(self, recorded: bool, step_id: int, step_name: str) -> None:
         if not recorded:

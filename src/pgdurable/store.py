@@ -182,10 +182,11 @@ def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
 
 def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
             delay: float, timeout: float | None = None, dedup_key: str | None = None,
-            concurrency_key: str | None = None) -> Call[Enqueued | None]:
+            concurrency_key: str | None = None, trace: str | None = None) -> Call[Enqueued | None]:
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                             "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                            "dedup_key": dedup_key, "concurrency_key": concurrency_key}, _enqueued)
+                            "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace},
+                _enqueued)
 
 
 def find_duplicate(*, queue: str, dedup_key: str) -> Call[Enqueued | None]:
@@ -198,10 +199,11 @@ def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str
 
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
-                 delay: float, timeout: float | None = None) -> Call[set[str]]:
+                 delay: float, timeout: float | None = None, trace: str | None = None) -> Call[set[str]]:
     """``rows``: a JSON array of [id, input] pairs."""
     return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
-                                 "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout},
+                                 "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
+                                 "trace": trace},
                 lambda found: {row[0] for row in found})
 
 
@@ -210,10 +212,11 @@ def names_of(ids: list[str]) -> Call[dict[str, Any]]:
 
 
 def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
-                owner: str, lease: float, timeout: float | None, version: str) -> Call[tuple[Any, ...] | None]:
+                owner: str, lease: float, timeout: float | None, version: str,
+                trace: str | None = None) -> Call[tuple[Any, ...] | None]:
     return Call("start_owned", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                                 "max_recoveries": max_recoveries, "owner": owner, "lease": lease,
-                                "timeout": timeout, "version": version},
+                                "timeout": timeout, "version": version, "trace": trace},
                 lambda rows: rows[0] if rows else None)
 
 
@@ -438,7 +441,7 @@ def list_events(id: str) -> Call[list[Event]]:
 def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,
                   name: str, queue: str, priority: int, input: str, max_recoveries: int, delay: float,
                   timeout: float | None, concurrency_key: str | None = None,
-                  dedup_key: str | None = None) -> Call[tuple[bool, str | None]]:
+                  dedup_key: str | None = None, trace: str | None = None) -> Call[tuple[bool, str | None]]:
     """Returns (recorded, the name of the workflow the id belongs to)."""
     if dedup_key is not None:
         raise ValueError("dedup_key is for enqueues from outside workflows (a child's id already dedups it)")
@@ -446,7 +449,7 @@ def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, st
                                   "step_name": step_name, "started_at": started_at, "id": id, "name": name,
                                   "queue": queue, "priority": priority, "input": input,
                                   "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                                  "concurrency_key": concurrency_key},
+                                  "concurrency_key": concurrency_key, "trace": trace},
                 lambda rows: (bool(rows[0][0]), rows[0][2]))
 
 
@@ -466,3 +469,13 @@ def list_children(id: str) -> Call[list[tuple[Any, ...]]]:
 def fork(*, source: str, id: str, from_step: int) -> Call[tuple[str | None, int]]:
     return Call("fork", {"source": source, "id": id, "from_step": from_step},
                 lambda rows: (rows[0][0], int(rows[0][1])))
+
+
+def queue_depths() -> Call[list[tuple[Any, ...]]]:
+    """(queue, status, count, seconds the oldest available enqueued one has waited) for unfinished ones."""
+    return Call("queue_depths", {}, _dicts)
+
+
+def trace_contexts(ids: list[str]) -> Call[dict[str, Any]]:
+    """The stored trace context (JSON text) of those executions that have one."""
+    return Call("trace_contexts", {"ids": ids}, _pairs)

@@ -179,6 +179,7 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                         if (delay := run.failed(exc)) is not None:
                             await asyncio.sleep(delay)
             if run.failure is None:
+                ctx.step_done(name, run.step_id, run.started, False, run.tries)
                 return run.value  # committed together with its checkpoint
             await ctx.record(*run.checkpoint())  # only the error: none of the step's writes was kept
             return run.result()
@@ -216,6 +217,7 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                         if (delay := run.failed(exc)) is not None:
                             time.sleep(delay)
             if run.failure is None:
+                ctx.step_done(name, run.step_id, run.started, False, run.tries)
                 return run.value
             ctx.record_sync(*run.checkpoint())
             return run.result()

@@ -91,6 +91,7 @@ class Worker:
         self._timer_due: float | None = None
         # Queue policies of the served queues (see App.queue), refreshed by the sweeper.
         self.policies: dict[str, store.QueuePolicy] = {}
+        self.observers = app.observers
 
     # -- database -----------------------------------------------------------------------------------------
 
@@ -255,6 +256,8 @@ class Worker:
                     claimed = await self._run(claim(
                         queue=queue, names=self.names, owner=self.id, lease=lease, limit=limit,
                         version=self.version))
+                    if self.observers:
+                        self.observers.claimed(queue, len(claimed), time.monotonic() - last_claim)
                     last_was_short = len(claimed) < limit
                     lost_connections = 0
                     if claim is store.claim_with_policy:
@@ -292,6 +295,7 @@ class Worker:
         resumed = [c.id for c in claimed if c.has_history]
         try:
             recorded = await self._run(store.load_steps(resumed)) if resumed else {}
+            traces = await self._run(store.trace_contexts([c.id for c in claimed])) if self.observers else {}
         except Exception as exc:
             # Not knowing their checkpoints, do not run them: hand them back to the queue at once (if that
             # fails too, their leases expire and they are swept). The claim loop carries on.
@@ -302,32 +306,36 @@ class Worker:
                 await self._batcher.run(store.release(owner=self.id, ids=[c.id for c in claimed]))
             return False
         for execution in claimed:
-            self.adopt(execution, recorded.get(execution.id, {}), queue)
+            self.adopt(execution, recorded.get(execution.id, {}), queue, traces.get(execution.id))
         return True
 
     def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep],
-              queue: str | None = None) -> asyncio.Task[None]:
+              queue: str | None = None, trace: str | None = None) -> asyncio.Task[None]:
         """Run an execution this worker owns (claimed, or started in-process by App.start)."""
         assert self.loop is not None and self._batcher is not None
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
             serializer=self.app.serializer, batcher=self._batcher, loop=self.loop, db_now=claimed.db_now,
-            on_suspend=self._suspended, app=self.app)
+            on_suspend=self._suspended, app=self.app, observers=self.observers)
+        if self.observers:
+            context.telemetry = self.observers.workflow_started(claimed.id, claimed.name, claimed.attempt,
+                                                                json.loads(trace) if trace else None)
         running = Running(claimed, context, queue=queue)
         self.running[claimed.id] = running
         running.task = asyncio.create_task(self._execute(running), name=f"pgdurable:{claimed.id}")
         return running.task
 
-    async def adopt_new(self, claimed: store.Claimed) -> None:
+    async def adopt_new(self, claimed: store.Claimed, trace: str | None = None) -> None:
         """Entry point for App.start from another thread: a new execution has no recorded steps."""
         await self._started.wait()
-        self.adopt(claimed, {})
+        self.adopt(claimed, {}, trace=trace)
 
     # -- executing ----------------------------------------------------------------------------------------
 
     async def _execute(self, running: Running) -> None:
         claimed, context = running.claimed, running.context
         workflow = self.app.registry.get(claimed.name)
+        began, outcome = time.monotonic(), "abandoned"
         try:
             if workflow is None:  # claim filters by name, so only an in-process start can get here
                 raise LookupError(f"workflow {claimed.name!r} is not registered in this process")
@@ -335,6 +343,7 @@ class Worker:
                 value = await self._call(workflow, context, claimed.input)
                 status, output, error = "succeeded", self.app.serializer.dumps(value), None
             except Suspended:
+                outcome = "suspended"
                 return  # waiting in the database now; a worker claims it again when it is woken
             except (LeaseLost, asyncio.CancelledError):
                 if context.lost:
@@ -347,6 +356,7 @@ class Worker:
                 status, output, error = "failed", None, json.dumps(failures.describe(exc))
             assert self._batcher is not None
             if await self._batcher.submit(Completion(claimed.id, claimed.attempt, status, output, error)):
+                outcome = status
                 return
             log.warning("execution %s attempt %d: finished, but its lease was lost; result discarded",
                         claimed.id, claimed.attempt)
@@ -354,6 +364,9 @@ class Worker:
             log.exception("execution %s: could not be completed; its lease will expire and it will be retried",
                           claimed.id)
         finally:
+            if self.observers:
+                self.observers.workflow_finished(context.telemetry, claimed.id, claimed.name, outcome,
+                                                 time.monotonic() - began)
             # Only our own entry: if this attempt lost its lease and this worker has since claimed the execution
             # again, the entry is the new attempt's, which must stay (heartbeats renew only what is listed).
             if self.running.get(claimed.id) is running:
@@ -446,11 +459,16 @@ class Worker:
         while True:
             await asyncio.sleep(interval * random.uniform(0.5, 1.5))  # spread sweeps of many workers
             try:
-                for execution_id, status, recoveries in await self._run(store.sweep_expired()):
+                expired = await self._run(store.sweep_expired())
+                for execution_id, status, recoveries in expired:
                     log.warning("execution %s: lease expired, %s (recovery %d)", execution_id,
                                 "dead-lettered" if status == "failed" else "re-enqueued", recoveries)
-                for execution_id in await self._run(store.expire_deadlines()):
+                late = await self._run(store.expire_deadlines())
+                for execution_id in late:
                     log.warning("execution %s: deadline passed, failed with pgdurable.WorkflowTimeout", execution_id)
+                if self.observers and (expired or late):
+                    dead = sum(1 for _, status, _ in expired if status == "failed")
+                    self.observers.swept(len(expired) - dead, dead, len(late))
                 grace = self.settings.unknown_workflow_grace_seconds
                 if grace is not None:
                     for execution_id, name in await self._run(store.fail_unrunnable(grace)):

@@ -7,11 +7,12 @@
 -- A delayed start waits in 'waiting' (out of the claim index) until the timer enqueues it.
 WITH inserted AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                     wait_reason, timeout_seconds, dedup_key, concurrency_key)
+                                     wait_reason, timeout_seconds, dedup_key, concurrency_key, trace_context)
     VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
             now() + make_interval(secs => %(delay)s),
             CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-            CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, %(dedup_key)s, %(concurrency_key)s)
+            CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, %(dedup_key)s, %(concurrency_key)s,
+            %(trace)s::jsonb)
     ON CONFLICT DO NOTHING
     RETURNING id, name, true AS created
 )
@@ -41,10 +42,10 @@ SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, 
 -- the server, is far cheaper than two long arrays). Existing ids are left alone (idempotent); the ids
 -- returned are the ones this statement created.
 INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                 wait_reason, timeout_seconds)
+                                 wait_reason, timeout_seconds, trace_context)
 SELECT r.pair ->> 0, %(name)s, %(queue)s, %(priority)s, r.pair -> 1, %(max_recoveries)s,
        now() + make_interval(secs => %(delay)s), CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-       CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s
+       CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, %(trace)s::jsonb
 FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (pair, n)
 ORDER BY r.n
 ON CONFLICT (id) DO NOTHING
@@ -57,10 +58,11 @@ SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
 -- Insert an execution already claimed by this process (App.start runs it in-process).
 WITH inserted AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, status, owner_id,
-                                     lease_expires, attempt, started_at, timeout_seconds, deadline, app_version)
+                                     lease_expires, attempt, started_at, timeout_seconds, deadline, app_version,
+                                     trace_context)
     VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s, 'running',
             %(owner)s, now() + make_interval(secs => %(lease)s), 1, now(), %(timeout)s,
-            now() + make_interval(secs => %(timeout)s), %(version)s)
+            now() + make_interval(secs => %(timeout)s), %(version)s, %(trace)s::jsonb)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, name, true AS created, attempt, input, now() AS db_now
 )
@@ -279,3 +281,16 @@ SET status = 'enqueued', output = NULL, error = NULL, recoveries = 0, completed_
     available_at = now(), updated_at = now(), deadline = NULL, wait_reason = NULL
 WHERE id = %(id)s AND status IN ('failed', 'cancelled')
 RETURNING id;
+
+-- name: queue_depths
+-- Unfinished executions by queue and status, with the age of the oldest available one (metrics, status).
+SELECT queue, status, count(*),
+       extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'enqueued'))
+FROM workflow_executions
+WHERE status IN ('enqueued', 'waiting', 'running')
+GROUP BY queue, status
+ORDER BY queue, status;
+
+-- name: trace_contexts
+SELECT id, trace_context::text FROM workflow_executions
+WHERE id = ANY (%(ids)s) AND trace_context IS NOT NULL;

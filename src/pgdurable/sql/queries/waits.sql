@@ -140,11 +140,13 @@ WITH owned AS (
     FOR SHARE
 ), child AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                     wait_reason, timeout_seconds, parent_id, deadline, concurrency_key)
+                                     wait_reason, timeout_seconds, parent_id, deadline, concurrency_key,
+                                     trace_context)
     SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
            now() + make_interval(secs => %(delay)s),
            CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-           CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, owned.id, owned.deadline, %(concurrency_key)s
+           CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, owned.id, owned.deadline, %(concurrency_key)s,
+           %(trace)s::jsonb
     FROM owned
     ON CONFLICT (id) DO NOTHING
     RETURNING id
