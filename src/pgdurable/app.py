@@ -7,6 +7,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
@@ -343,6 +344,15 @@ class App:
         with self.db.pool.connection() as conn, conn.transaction():
             store.run(conn, store.forget_failed_steps(workflow_id))
             return store.run(conn, store.resume(workflow_id))
+
+    def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
+                batch_size: int = 1000) -> int:
+        """Delete finished executions (and their steps) created and finished more than ``older_than`` ago
+        (a timedelta, or seconds), in batches of ``batch_size`` that never block workers. Returns how many
+        executions were deleted. Only ``succeeded``, ``failed`` and ``cancelled`` may be given."""
+        from .retention import cleanup
+
+        return cleanup(self.db, older_than, statuses, batch_size=batch_size).executions
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
