@@ -223,8 +223,13 @@ def outcomes(window_seconds: int = 3600, bucket_seconds: int = 60,
                                         "lookback": window_seconds + lookback_seconds}, read)
 
 
-def estimated_rows(schema: str) -> store.Call[dict[str, int]]:
-    return store.Call("dash_estimated_rows", {"schema": schema}, lambda rows: {r[0]: int(r[1]) for r in rows})
+def estimated_rows(schema: str) -> store.Call[int]:
+    """The planner's estimate of the executions stored; -1 when the table was never analyzed."""
+    return store.Call("dash_estimated_rows", {"schema": schema}, lambda rows: int(rows[0][0]) if rows else -1)
+
+
+def count_capped(cap: int) -> store.Call[int]:
+    return store.Call("dash_count_capped", {"cap": cap}, lambda rows: int(rows[0][0]))
 
 
 def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = None,

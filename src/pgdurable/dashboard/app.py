@@ -42,6 +42,8 @@ _NOTICES = {
     "unchanged": "Nothing changed: the execution is no longer in a state that allows this.",
 }
 _FORM_LIMIT = 16 * 1024
+# Below this many executions the overview counts them exactly; above, it shows the planner's estimate.
+EXACT_COUNT_BELOW = 100_000
 
 
 class _Reader:
@@ -105,13 +107,17 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             outcomes = read(monitoring.outcomes())
             unrunnable = read(monitoring.unrunnable(20))
             unrunnable_count = read(monitoring.unrunnable_count()) if len(unrunnable) == 20 else len(unrunnable)
-            estimated = read(monitoring.estimated_rows(app.schema))
+            stored = read(monitoring.estimated_rows(app.schema))
+            exact = stored < EXACT_COUNT_BELOW
+            if exact:  # small (or never analyzed): count, but never past the cap
+                stored = read(monitoring.count_capped(EXACT_COUNT_BELOW))
+                exact = stored < EXACT_COUNT_BELOW
         chart = views.outcome_chart(outcomes, now)
         active = {"enqueued": sum(q.ready + q.delayed for q in queues), "running": sum(q.running for q in queues)}
         context = {
             "now": now, "queues": queues, "workers": workers, "chart": chart, "active": active,
             "unrunnable": unrunnable, "unrunnable_count": unrunnable_count,
-            "estimated": estimated.get("workflow_executions", 0), "refresh": OVERVIEW_REFRESH,
+            "stored": stored, "stored_exact": exact, "refresh": OVERVIEW_REFRESH,
             "live_url": views.url("/", fragment=1),
         }
         return render(request, "_overview.html" if fragment(request) else "overview.html", context)

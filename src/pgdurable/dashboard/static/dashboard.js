@@ -63,7 +63,13 @@
           // Keep open <details> (a step's output) open across refreshes.
           var open = [];
           region.querySelectorAll("details[id][open]").forEach(function (d) { open.push(d.id); });
+          // Parts that never change (the input) stay as they are: the fragment has empty placeholders.
+          var kept = {};
+          region.querySelectorAll("[data-keep][id]").forEach(function (el) { kept[el.id] = el; });
           region.innerHTML = html;
+          region.querySelectorAll("[data-keep][id]").forEach(function (slot) {
+            if (kept[slot.id] && !slot.hasChildNodes()) slot.replaceWith(kept[slot.id]);
+          });
           open.forEach(function (id) {
             var d = document.getElementById(id);
             if (d) d.open = true;

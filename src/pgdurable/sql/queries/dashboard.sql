@@ -55,10 +55,15 @@ WHERE created_at > now() - make_interval(secs => %(lookback)s)
 GROUP BY 1, 2;
 
 -- name: dash_estimated_rows
--- The planner's estimate: exact counts of a large table are a full scan.
-SELECT c.relname, greatest(c.reltuples, 0)::bigint
+-- The planner's estimate of the executions stored (-1: never analyzed): exact counts of a large table are
+-- a full scan.
+SELECT c.reltuples::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %(schema)s AND c.relname IN ('workflow_executions', 'operation_outputs');
+WHERE n.nspname = %(schema)s AND c.relname = 'workflow_executions';
+
+-- name: dash_count_capped
+-- An exact count that stops at %(cap)s rows: cheap on a small table, bounded on a large one.
+SELECT count(*) FROM (SELECT 1 FROM workflow_executions LIMIT %(cap)s) AS capped;
 
 -- name: dash_list_older
 -- One page of executions, newest first, strictly older than the cursor (created_at, id). With no cursor
