@@ -33,7 +33,8 @@ HEADERS = {
                                 "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer, browsers send "Origin: null" on our own form posts.
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
