@@ -256,14 +256,27 @@ def demo(
 
 # -- operations: status, cleanup, dashboard ------------------------------------------------------------------
 
-@cli.command(epilog="""Examples:
+# Epilogs: typer rewraps each paragraph, so a paragraph is one line (blank lines separate them); they are rich
+# markup, so a literal [ is written \[.
+_STATUS_EPILOG = (
+    "Examples:\n\n  pgdurable status\n\n  pgdurable status --json | jq .queues\n\n"
+    "Exit codes: 0 healthy; 1 something needs attention (enqueued work no live worker can run, expired leases "
+    "nobody sweeps, a schema to migrate, vacuum falling behind); 2 the database cannot be reached.")
+_CLEANUP_EPILOG = (
+    "Examples:\n\n  pgdurable cleanup --older-than 30d\n\n"
+    "  pgdurable cleanup --older-than 7d --status failed,cancelled --dry-run\n\n"
+    "  pgdurable cleanup --older-than 12h --batch-size 500 --json\n\n"
+    "Exit codes: 0 done (or nothing to delete); 2 bad arguments or the database cannot be reached.")
+_DASHBOARD_EPILOG = (
+    "Examples:\n\n  pgdurable dashboard\n\n  pgdurable dashboard --read-only\n\n"
+    "  pgdurable dashboard --host 0.0.0.0 --port 9000 --token \"$DASHBOARD_TOKEN\"\n\n"
+    "Security: it listens on loopback unless --host says otherwise. Actions (cancel, resume, fork) need a token: "
+    "with neither --token nor --read-only a random one is made and printed as a login link. Any other address "
+    "needs --token or --read-only.\n\n"
+    "Exit code 2: bad options, or the dashboard extra is not installed (pip install 'pgdurable\\[dashboard]').")
 
-  pgdurable status
 
-  pgdurable status --json | jq .queues
-
-Exit codes: 0 healthy; 1 something needs attention (enqueued work no live worker can run, expired leases
-nobody sweeps, a schema to migrate, vacuum falling behind); 2 the database cannot be reached.""")
+@cli.command(epilog=_STATUS_EPILOG)
 def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
     """Queues, live workers, stuck work and database health, with an exit code for scripts."""
     import psycopg
@@ -289,15 +302,7 @@ def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJ
     raise typer.Exit(report.exit_code)
 
 
-@cli.command(epilog="""Examples:
-
-  pgdurable cleanup --older-than 30d
-
-  pgdurable cleanup --older-than 7d --status failed,cancelled --dry-run
-
-  pgdurable cleanup --older-than 12h --batch-size 500 --json
-
-Exit codes: 0 done (or nothing to delete); 2 bad arguments or the database cannot be reached.""")
+@cli.command(epilog=_CLEANUP_EPILOG)
 def cleanup(
     older_than: Annotated[str, typer.Option(
         "--older-than", help="Delete executions created and finished longer ago than this: 30d, 12h, 90m, 2w.")],
@@ -342,17 +347,7 @@ def cleanup(
         console.print(f"deleted {result.executions:,} executions and {result.steps:,} step outputs")
 
 
-@cli.command(epilog="""Examples:
-
-  pgdurable dashboard                      # http://127.0.0.1:8080, with a login link printed
-
-  pgdurable dashboard --read-only
-
-  pgdurable dashboard --host 0.0.0.0 --port 9000 --token "$DASHBOARD_TOKEN"
-
-Security: it listens on loopback unless --host says otherwise. Actions (cancel, resume, fork) need a
-token: with neither --token nor --read-only a random one is made and printed as a login link. Any other
-address needs --token or --read-only. Exit code 2: bad options, or the dashboard extra is not installed.""")
+@cli.command(epilog=_DASHBOARD_EPILOG)
 def dashboard(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
