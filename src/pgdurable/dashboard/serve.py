@@ -58,10 +58,11 @@ def serve(app: App, *, host: str, port: int, token: str | None, read_only: bool,
     base = f"http://{shown_host}:{port}/"
     if token is not None and given is None:
         console.print(f"dashboard on {escape(base)} · open [bold]{escape(base)}?token={escape(token)}[/bold] "
-                      "(a fresh token; pass --token to choose one)", highlight=False)
+                      "(a fresh token; pass --token to choose one)", highlight=False, soft_wrap=True)
     else:
         mode = "read-only" if read_only or token is None else "token required"
-        console.print(f"dashboard on {escape(base)} ({mode}) · schema {escape(app.schema)}", highlight=False)
+        console.print(f"dashboard on {escape(base)} ({mode}) · schema {escape(app.schema)}", highlight=False,
+                      soft_wrap=True)
     if not is_loopback(host) and token is None:
         console.print("[yellow]warning: read-only and without a token, anyone who can reach this address sees "
                       "every workflow's inputs and outputs[/yellow]")
