@@ -195,13 +195,11 @@ def queues(stale_seconds: float = 60.0) -> store.Call[list[QueueStats]]:
 
 
 def workers() -> store.Call[list[WorkerInfo]]:
-    listed = store.list_workers()
-    return store.Call(listed.name, listed.params, lambda rows: [WorkerInfo(*row) for row in rows])
+    return store.Call("dash_workers", {}, lambda rows: [WorkerInfo(*row) for row in rows])
 
 
 def unrunnable(limit: int = 50) -> store.Call[list[Unrunnable]]:
-    listed = store.list_unrunnable(limit)
-    return store.Call(listed.name, listed.params, lambda rows: [Unrunnable(*row) for row in rows])
+    return store.Call("dash_unrunnable", {"limit": limit}, lambda rows: [Unrunnable(*row) for row in rows])
 
 
 def unrunnable_count() -> store.Call[int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +36,7 @@ T = TypeVar("T")
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
 # Live regions refresh this often (milliseconds).
 OVERVIEW_REFRESH, LIST_REFRESH, WORKFLOW_REFRESH = 5000, 5000, 2000
+OVERVIEW_CACHE_SECONDS = 2.0
 _WITHIN = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 _NOTICES = {
     "cancelled": "Cancelled. A running execution stops at its next step.",
@@ -44,6 +47,23 @@ _NOTICES = {
 _FORM_LIMIT = 16 * 1024
 # Below this many executions the overview counts them exactly; above, it shows the planner's estimate.
 EXACT_COUNT_BELOW = 100_000
+
+
+class _Recent:
+    """The last result of a computation, reused for a few seconds: every open overview polls, and they all
+    show the same numbers, so many viewers cost the database what one does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._value: tuple[float, Any] | None = None
+
+    def get(self, compute: Callable[[], T]) -> T:
+        with self._lock:  # one computation at a time; the others wait and reuse it
+            if self._value is None or time.monotonic() - self._value[0] > self.seconds:
+                self._value = (time.monotonic(), compute())
+            value: T = self._value[1]
+            return value
 
 
 class _Reader:
@@ -99,7 +119,13 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
 
     # ---- pages ----------------------------------------------------------------------------------------
 
+    cache = _Recent(OVERVIEW_CACHE_SECONDS)
+
     def overview(request: Request) -> Response:
+        context = cache.get(overview_data)
+        return render(request, "_overview.html" if fragment(request) else "overview.html", context)
+
+    def overview_data() -> dict[str, Any]:
         with reading() as read:
             now = read(monitoring.now())
             queues = read(monitoring.queues())
@@ -114,13 +140,12 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
                 exact = stored < EXACT_COUNT_BELOW
         chart = views.outcome_chart(outcomes, now)
         active = {"enqueued": sum(q.ready + q.delayed for q in queues), "running": sum(q.running for q in queues)}
-        context = {
+        return {
             "now": now, "queues": queues, "workers": workers, "chart": chart, "active": active,
             "unrunnable": unrunnable, "unrunnable_count": unrunnable_count,
             "stored": stored, "stored_exact": exact, "refresh": OVERVIEW_REFRESH,
             "live_url": views.url("/", fragment=1),
         }
-        return render(request, "_overview.html" if fragment(request) else "overview.html", context)
 
     def workflows(request: Request) -> Response:
         params = request.query_params

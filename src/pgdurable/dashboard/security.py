@@ -136,12 +136,15 @@ class GuardMiddleware:
         if not request.cookies.get(CSRF_COOKIE):
             new_nonce = secrets.token_urlsafe(24)
         scope.setdefault("state", {})["csrf_nonce"] = request.cookies.get(CSRF_COOKIE) or new_nonce
+        static = request.url.path.startswith("/static/")
 
         async def send_with_headers(message: dict[str, object]) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))  # type: ignore[call-overload]
                 present = {k.lower() for k, _ in headers}
                 for key, value in HEADERS.items():
+                    if key == "cache-control" and static:
+                        value = "no-cache"  # revalidate (ETag) rather than refetch
                     if key.encode() not in present:
                         headers.append((key.encode(), value.encode()))
                 if new_nonce is not None:

@@ -127,6 +127,16 @@ WHERE o.execution_id = %(id)s
 ORDER BY o.step_id
 LIMIT %(limit)s;
 
+-- name: dash_workers
+-- Registered workers, newest heartbeat first; alive = heartbeat within the two minutes the engine uses.
+SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
+       heartbeat_at > now() - interval '2 minutes' AS alive
+FROM workers
+ORDER BY alive DESC, started_at;
+
+-- name: dash_unrunnable
+SELECT id, name, queue, created_at, reason FROM unrunnable_executions ORDER BY created_at LIMIT %(limit)s;
+
 -- name: dash_known_names
 -- Workflow names registered by recent workers: suggestions for the name filter, without scanning executions.
 SELECT DISTINCT w FROM workers, unnest(workflows) AS w
