@@ -20,8 +20,7 @@ import pgdurable
 from pgdurable import store
 from pgdurable.cli import cli
 from pgdurable.dashboard import create_app, views
-from pgdurable.dashboard.security import LOOPBACK_HOSTS
-from pgdurable.dashboard.serve import DashboardOptionsError, check_options
+from pgdurable.dashboard.serve import LOOPBACK_HOSTS, DashboardOptionsError, check_options
 from pgdurable.sqlfiles import query
 
 from .harness import wait_for
@@ -336,6 +335,7 @@ def test_a_token_guards_every_page(app: pgdurable.App) -> None:
     assert c.get("/?token=wrong").status_code == 401
     assert c.get("/", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
     assert c.get("/static/dashboard.css").status_code == 200  # the login page needs its style
+    assert c.get("/healthz").text == "ok"  # for load balancers
 
     login = c.get("/login?next=/workflows")
     assert login.status_code == 200

@@ -208,3 +208,8 @@ def test_cli_cleanup(app: pgdurable.App, db: psycopg.Connection[Any], database_u
         refused = _cli(database_url, schema, "cleanup", *args)
         assert refused.exit_code == 2, refused.output
     assert "Exit codes" in CliRunner().invoke(cli, ["cleanup", "--help"]).output
+
+
+def test_cli_cleanup_does_not_install_the_schema(database_url: str, schema: str) -> None:
+    result = _cli(database_url, schema, "cleanup", "--older-than", "30d")
+    assert result.exit_code == 2 and "not installed" in result.output

@@ -327,12 +327,16 @@ def cleanup(
     progress = Progress(TextColumn("deleting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), disable=as_json or dry_run)
     task = progress.add_task("cleanup", total=None)
+    app = App(database_url, schema=schema, auto_migrate=False)
     try:
-        with _app(database_url, schema) as app, progress:
+        with app, progress:
             result = retention.cleanup(
                 app.db, age, statuses, batch_size=batch_size, dry_run=dry_run,
                 on_start=lambda total: progress.update(task, total=total),
                 on_batch=lambda batch: progress.advance(task, batch.executions))
+    except psycopg.errors.UndefinedTable:
+        console.print(f"[red]pgdurable cleanup: pgdurable is not installed in schema {escape(app.schema)}[/red]")
+        raise typer.Exit(2) from None
     except psycopg.OperationalError as exc:
         console.print(f"[red]pgdurable cleanup: database unreachable: {escape(str(exc).strip())}[/red]")
         raise typer.Exit(2) from None

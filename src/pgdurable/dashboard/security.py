@@ -26,7 +26,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 SESSION_COOKIE = "pgdurable_session"
 CSRF_COOKIE = "pgdurable_csrf"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 HEADERS = {
     "content-security-policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -38,8 +37,8 @@ HEADERS = {
     "cache-control": "no-store",
 }
 
-# Paths that need no session: the login page, and the static files it uses.
-_PUBLIC = ("/login", "/static/")
+# Paths that need no session: the login page, the static files it uses, and the health check.
+_PUBLIC = ("/login", "/static/", "/healthz")
 
 
 class Guard:

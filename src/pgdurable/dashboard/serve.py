@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from .security import LOOPBACK_HOSTS
-
 if TYPE_CHECKING:
     from ..app import App
+
+
+# The Host header names accepted when listening on loopback (anything else may be a DNS-rebinding page).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class DashboardOptionsError(ValueError):

@@ -143,6 +143,11 @@ class Timeline:
     bars: list[Bar]
     total_seconds: float
     ticks: list[tuple[float, str]]
+    # steps left out of the drawing (a long workflow draws its first TIMELINE_STEPS)
+    hidden_steps: int = 0
+
+
+TIMELINE_STEPS = 300
 
 
 def timeline(detail: monitoring.ExecutionDetail, steps: list[monitoring.StepDetail], now: datetime) -> Timeline:
@@ -173,7 +178,7 @@ def timeline(detail: monitoring.ExecutionDetail, steps: list[monitoring.StepDeta
         if queue_end > queued_from or started is None:
             bars.append(bar("in queue", "queue", queued_from, max(queue_end, queued_from),
                             "" if started is not None else "not started yet"))
-    for step in steps:
+    for step in steps[:TIMELINE_STEPS]:
         begin, stop = step.time("started_at"), step.time("completed_at")
         if begin is None or stop is None:
             continue
@@ -188,7 +193,7 @@ def timeline(detail: monitoring.ExecutionDetail, steps: list[monitoring.StepDeta
         last = max([started or created, *step_ends])
         bars.append(bar("running", "current", last, now, "in progress"))
     ticks = [(TIMELINE_WIDTH * f / 4, duration(total * f / 4) if f else "0") for f in range(5)]
-    return Timeline(bars, total, ticks)
+    return Timeline(bars, total, ticks, max(0, len(steps) - TIMELINE_STEPS))
 
 
 # ---- the outcomes chart -----------------------------------------------------------------------------------
@@ -260,7 +265,3 @@ _SHOWN_FIELDS = frozenset({
 
 def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
