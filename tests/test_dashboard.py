@@ -492,3 +492,25 @@ def test_live_status_change_reaches_the_fragment(app: pgdurable.App) -> None:
     assert "st-enqueued" in c.get("/workflow?id=live-1&fragment=1").text
     app.cancel("live-1")
     wait_for(lambda: "st-cancelled" in c.get("/workflow?id=live-1&fragment=1").text, 5, "the fragment to change")
+
+
+def test_timeline_places_each_phase_on_one_axis() -> None:
+    from pgdurable.monitoring import ExecutionDetail, StepDetail
+
+    t0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+    def at(seconds: float) -> str:
+        return (t0 + timedelta(seconds=seconds)).isoformat()
+
+    detail = ExecutionDetail({"id": "t", "status": "running", "created_at": at(0), "available_at": at(2),
+                              "started_at": at(3)}, None, None)
+    steps = [StepDetail({"step_id": 0, "step_name": "a", "attempts": 1, "started_at": at(3),
+                         "completed_at": at(4)}, None, None),
+             StepDetail({"step_id": 1, "step_name": "b", "attempts": 3, "recorded_by_attempt": 2,
+                         "started_at": at(4), "completed_at": at(8)}, None, {"type": "E", "message": "m"})]
+    drawn = views.timeline(detail, steps, now=t0 + timedelta(seconds=10))
+    assert [(b.kind, b.label, round(b.x), round(b.width), b.seconds) for b in drawn.bars] == [
+        ("delay", "delayed start", 0, 200, 2.0), ("queue", "in queue", 200, 100, 1.0),
+        ("step", "a", 300, 100, 1.0), ("error", "b", 400, 400, 4.0), ("current", "running", 800, 200, 2.0)]
+    assert drawn.bars[3].note == "3 attempts, recorded by attempt 2"
+    assert drawn.total_seconds == 10 and drawn.ticks[-1] == (1000.0, "10.0 s")
