@@ -288,17 +288,22 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
     # ---- errors ---------------------------------------------------------------------------------------
 
     def database_error(request: Request, exc: Exception) -> Response:
+        status_code = 503
         if isinstance(exc, psycopg.errors.UndefinedTable):
             message = (f"pgdurable's tables are not in schema {app.schema!r} of this database. "
                        "Check --schema, or run `pgdurable migrate`.")
         elif isinstance(exc, psycopg.errors.QueryCanceled):
             message = "The query took too long and was stopped. Narrow the filters (a time range helps)."
-        else:
+        elif isinstance(exc, psycopg.OperationalError):
             message = "The database cannot be reached right now; this page retries on its own."
-        log.warning("dashboard: %s: %s", request.url.path, exc)
+        else:  # not the database's state: a bug, or a schema this dashboard does not understand
+            status_code, message = 500, f"The database refused a dashboard query ({type(exc).__name__})."
+            log.error("dashboard: %s", request.url.path, exc_info=exc)
+        if status_code == 503:
+            log.warning("dashboard: %s: %s", request.url.path, exc)
         if fragment(request):
-            return PlainTextResponse(message, status_code=503)
-        return render(request, "error.html", {"message": message}, status_code=503)
+            return PlainTextResponse(message, status_code=status_code)
+        return render(request, "error.html", {"message": message}, status_code=status_code)
 
     routes = [
         Route("/", overview),
