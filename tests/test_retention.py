@@ -30,9 +30,10 @@ def db(database_url: str, schema: str, app: pgdurable.App) -> Iterator[psycopg.C
 
 
 def age(db: psycopg.Connection[Any], ids: list[str], days: float) -> None:
-    """Move executions into the past: created, updated and (if finished) completed ``days`` ago."""
+    """Move executions into the past: created, updated and (if finished) completed ``days`` ago. available_at
+    stays, so a delayed execution is still not due (a worker would claim it)."""
     db.execute("UPDATE workflow_executions SET created_at = created_at - %(d)s, updated_at = updated_at - %(d)s,"
-               " completed_at = completed_at - %(d)s, available_at = available_at - %(d)s WHERE id = ANY (%(ids)s)",
+               " completed_at = completed_at - %(d)s WHERE id = ANY (%(ids)s)",
                {"d": timedelta(days=days), "ids": ids})
 
 
@@ -96,14 +97,16 @@ def test_cleanup_deletes_old_finished_executions_and_their_steps_only(
     everything_old = [f"ok-{n}" for n in range(4)] + ["bad-0", "cancelled-0", "waiting-0", "running-0"]
     age(db, everything_old, days=40)
 
-    assert retention.cleanup(app.db, timedelta(days=30), dry_run=True).executions == 6
-    assert app.cleanup(timedelta(days=30)) == 6
-    left = {row[0]: row[1] for row in db.execute("SELECT id, status FROM workflow_executions")}
-    assert left == {"waiting-0": "enqueued", "running-0": "running", "fresh-0": "succeeded"}
-    steps = {row[0] for row in db.execute("SELECT DISTINCT execution_id FROM operation_outputs")}
-    assert steps == {"running-0", "fresh-0"}
-    assert app.cleanup(timedelta(days=30)) == 0
-    gate.set()
+    try:
+        assert retention.cleanup(app.db, timedelta(days=30), dry_run=True).executions == 6
+        assert app.cleanup(timedelta(days=30)) == 6
+        left = {row[0]: row[1] for row in db.execute("SELECT id, status FROM workflow_executions")}
+        assert left == {"waiting-0": "enqueued", "running-0": "running", "fresh-0": "succeeded"}
+        steps = {row[0] for row in db.execute("SELECT DISTINCT execution_id FROM operation_outputs")}
+        assert steps == {"running-0", "fresh-0"}
+        assert app.cleanup(timedelta(days=30)) == 0
+    finally:
+        gate.set()
     running.result(timeout=10)  # the running one was untouched and finishes
 
 
