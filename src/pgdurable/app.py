@@ -10,6 +10,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
@@ -532,6 +533,15 @@ class App:
         """The application version this app's workers stamp on the executions they start."""
         return (self.settings.app_version or os.environ.get("PGDURABLE_APP_VERSION")
                 or self.registry.fingerprint())
+
+    def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
+                batch_size: int = 1000) -> int:
+        """Delete finished executions (and their steps) created and finished more than ``older_than`` ago
+        (a timedelta, or seconds), in batches of ``batch_size`` that never block workers. Returns how many
+        executions were deleted. Only ``succeeded``, ``failed`` and ``cancelled`` may be given."""
+        from .retention import cleanup
+
+        return cleanup(self.db, older_than, statuses, batch_size=batch_size).executions
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import store
@@ -380,6 +381,124 @@ def demo(
     from .demo import run_demo
 
     raise typer.Exit(run_demo(database_url, workflows, console))
+
+
+# -- operations: status, cleanup, dashboard ------------------------------------------------------------------
+
+# Epilogs: typer rewraps each paragraph, so a paragraph is one line (blank lines separate them); they are rich
+# markup, so a literal [ is written \[.
+_STATUS_EPILOG = (
+    "Examples:\n\n  pgdurable status\n\n  pgdurable status --json | jq .queues\n\n"
+    "Exit codes: 0 healthy; 1 something needs attention (enqueued work no live worker can run, expired leases "
+    "nobody sweeps, a schema to migrate, vacuum falling behind); 2 the database cannot be reached.")
+_CLEANUP_EPILOG = (
+    "Examples:\n\n  pgdurable cleanup --older-than 30d\n\n"
+    "  pgdurable cleanup --older-than 7d --status failed,cancelled --dry-run\n\n"
+    "  pgdurable cleanup --older-than 12h --batch-size 500 --json\n\n"
+    "Exit codes: 0 done (or nothing to delete); 2 bad arguments or the database cannot be reached.")
+_DASHBOARD_EPILOG = (
+    "Examples:\n\n  pgdurable dashboard\n\n  pgdurable dashboard --read-only\n\n"
+    "  pgdurable dashboard --host 0.0.0.0 --port 9000 --token \"$DASHBOARD_TOKEN\"\n\n"
+    "Security: it listens on loopback unless --host says otherwise. Actions (cancel, resume, fork) need a token: "
+    "with neither --token nor --read-only a random one is made and printed as a login link. Any other address "
+    "needs --token or --read-only.\n\n"
+    "Exit code 2: bad options, or the dashboard extra is not installed (pip install 'pgdurable\\[dashboard]').")
+
+
+@cli.command(epilog=_STATUS_EPILOG)
+def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Queues, live workers, stuck work and database health, with an exit code for scripts."""
+    import psycopg
+
+    from . import status as health
+
+    app = App(database_url, schema=schema, auto_migrate=False)
+    try:
+        report = health.collect(app.db.conninfo, app.schema)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if as_json:
+            print(json.dumps({"healthy": False, "exit_code": health.UNREACHABLE, "error": reason}))
+        else:
+            console.print(f"[red]database unreachable:[/red] {escape(reason)}")
+        raise typer.Exit(health.UNREACHABLE) from None
+    finally:
+        app.close()
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        health.render(report, console)
+    raise typer.Exit(report.exit_code)
+
+
+@cli.command(epilog=_CLEANUP_EPILOG)
+def cleanup(
+    older_than: Annotated[str, typer.Option(
+        "--older-than", help="Delete executions created and finished longer ago than this: 30d, 12h, 90m, 2w.")],
+    status: Annotated[str, typer.Option(
+        "--status", help="Comma-separated finished statuses to delete.")] = "succeeded,failed,cancelled",
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Executions deleted per transaction.")] = 1000,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count what would be deleted.")] = False,
+    database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
+) -> None:
+    """Delete finished executions and their step outputs, in small batches that never block workers."""
+    import psycopg
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import retention
+
+    try:
+        age = retention.parse_duration(older_than)
+        statuses = retention.check_statuses(s.strip() for s in status.split(",") if s.strip())
+    except ValueError as exc:
+        console.print(f"[red]pgdurable cleanup: {escape(str(exc))}[/red]")
+        raise typer.Exit(2) from None
+    progress = Progress(TextColumn("deleting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), disable=as_json or dry_run)
+    task = progress.add_task("cleanup", total=None)
+    app = App(database_url, schema=schema, auto_migrate=False)
+    try:
+        with app, progress:
+            result = retention.cleanup(
+                app.db, age, statuses, batch_size=batch_size, dry_run=dry_run,
+                on_start=lambda total: progress.update(task, total=total),
+                on_batch=lambda batch: progress.advance(task, batch.executions))
+    except psycopg.errors.UndefinedTable:
+        console.print(f"[red]pgdurable cleanup: pgdurable is not installed in schema {escape(app.schema)}[/red]")
+        raise typer.Exit(2) from None
+    except psycopg.OperationalError as exc:
+        console.print(f"[red]pgdurable cleanup: database unreachable: {escape(str(exc).strip())}[/red]")
+        raise typer.Exit(2) from None
+    if as_json:
+        key = "would_delete" if dry_run else "deleted"
+        print(json.dumps({key: result.executions, "steps_deleted": result.steps, "dry_run": dry_run,
+                          "older_than_seconds": age.total_seconds(), "statuses": statuses}))
+    elif dry_run:
+        console.print(f"would delete {result.executions:,} executions ({', '.join(statuses)}) "
+                      f"older than {older_than}")
+    else:
+        console.print(f"deleted {result.executions:,} executions and {result.steps:,} step outputs")
+
+
+@cli.command(epilog=_DASHBOARD_EPILOG)
+def dashboard(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    token: Annotated[str | None, typer.Option(
+        envvar="PGDURABLE_DASHBOARD_TOKEN", help="Secret needed to open the dashboard and to act.")] = None,
+    read_only: Annotated[bool, typer.Option("--read-only", help="No actions: view only.")] = False,
+    database_url: DatabaseUrl = None, schema: Schema = None,
+) -> None:
+    """Serve the web dashboard: overview, workflows, steps timeline, cancel/resume/fork."""
+    from .dashboard.serve import DashboardOptionsError, serve
+
+    _setup_logging()
+    try:
+        serve(App(database_url, schema=schema, auto_migrate=False), host=host, port=port, token=token,
+              read_only=read_only, console=console)
+    except DashboardOptionsError as exc:
+        console.print(f"[red]pgdurable dashboard: {escape(str(exc))}[/red]")
+        raise typer.Exit(2) from None
 
 
 def main() -> None:

@@ -59,6 +59,11 @@ class Settings:
     # The application version stamped on every execution this app's workers start; only workers of the
     # same version resume it. None: ``PGDURABLE_APP_VERSION``, else a hash of the workflows' source code.
     app_version: str | None = None
+    # Automatic retention: when set, each worker's sweep deletes one batch of finished executions (and their
+    # steps) that were created and finished more than this many seconds ago. None keeps everything.
+    retention_seconds: float | None = None
+    # Executions deleted per sweep by automatic retention: at most this many every ~sweep_seconds per worker.
+    retention_batch_size: int = 500
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:
@@ -67,6 +72,10 @@ class Settings:
             raise ConfigurationError("max_recoveries must be >= 0")
         if self.max_payload_bytes < 1024:
             raise ConfigurationError("max_payload_bytes must be at least 1024")
+        if self.retention_seconds is not None and self.retention_seconds < 0:
+            raise ConfigurationError("retention_seconds must be >= 0 (or None to keep everything)")
+        if self.retention_batch_size < 1:
+            raise ConfigurationError("retention_batch_size must be at least 1")
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from . import failures, store
+from . import failures, retention, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost
@@ -475,8 +475,19 @@ class Worker:
                         log.warning("execution %s: failed, no live worker knows workflow %r", execution_id, name)
                 await self._run(store.prune_workers())
                 self.policies = await self._run(store.queue_policies(self.queues))
+                if self.settings.retention_seconds is not None:
+                    await self._retain(self.settings.retention_seconds)
             except Exception as exc:
                 log.warning("worker %s: sweep failed (%s)", self.id, exc)
+
+    async def _retain(self, older_than: float) -> None:
+        """Automatic retention: one small batch per sweep, so deleting never competes with the work."""
+        cutoff = await self._run(retention.cutoff(older_than))
+        deleted = await self._run(retention.batch(cutoff, sorted(store.TERMINAL),
+                                                  self.settings.retention_batch_size))
+        if deleted.executions:
+            log.info("worker %s: retention deleted %d finished executions and %d step outputs", self.id,
+                     deleted.executions, deleted.steps)
 
     async def _listen_loop(self) -> None:
         work = f"{self.app.db.schema}_work"

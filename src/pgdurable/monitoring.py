@@ -1,0 +1,295 @@
+"""Read models of the engine's state for operators: queues, workers, outcomes over time, pages of executions,
+one execution with its steps, table health. Used by the dashboard and ``pgdurable status``; every statement
+is a named query in ``sql/queries/dashboard.sql``.
+
+Executions and steps are read as JSON objects of their columns, so columns added by later migrations
+(parent, deadline, version...) reach the views without a change here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import store
+
+Rows = store.Rows
+
+# Stored JSON longer than this (in characters) is shown cut, with a link to the whole value.
+PAYLOAD_PREVIEW = 64 * 1024
+STEP_PREVIEW = 4 * 1024
+MAX_STEPS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    ready: int
+    delayed: int
+    running: int
+    # running executions whose lease expired a while ago: no sweeper is taking them back
+    stale: int
+    oldest_ready_seconds: float | None
+    live_workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    workflows: list[str]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unrunnable:
+    id: str
+    name: str
+    queue: str
+    created_at: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListedExecution:
+    id: str
+    name: str
+    queue: str
+    status: str
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    error_type: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """Stored JSON text, possibly cut to a preview; ``size`` is the whole value's size in bytes."""
+
+    text: str
+    size: int
+
+    @property
+    def cut(self) -> bool:
+        return self.size > len(self.text.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionDetail:
+    fields: dict[str, Any]
+    output: Payload | None
+    error: dict[str, Any] | None
+
+    @property
+    def id(self) -> str:
+        return str(self.fields["id"])
+
+    @property
+    def status(self) -> str:
+        return str(self.fields["status"])
+
+    def time(self, name: str) -> datetime | None:
+        return parse_time(self.fields.get(name))
+
+
+@dataclass(frozen=True, slots=True)
+class StepDetail:
+    fields: dict[str, Any]
+    output: Payload | None
+    error: dict[str, Any] | None
+
+    @property
+    def step_id(self) -> int:
+        return int(self.fields["step_id"])
+
+    @property
+    def name(self) -> str:
+        return str(self.fields.get("step_name", ""))
+
+    @property
+    def attempts(self) -> int:
+        return int(self.fields.get("attempts") or 1)
+
+    def time(self, name: str) -> datetime | None:
+        return parse_time(self.fields.get(name))
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    name: str
+    total_bytes: int
+    table_bytes: int
+    live_tuples: int
+    dead_tuples: int
+    last_autovacuum: datetime | None
+    last_vacuum: datetime | None
+    autovacuum_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    version: str
+    database_bytes: int
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ListFilter:
+    status: str | None = None
+    name: str | None = None
+    queue: str | None = None
+    id_prefix: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """Finished executions per bucket (index 0 = the oldest bucket) and status, over a window."""
+
+    bucket_seconds: int
+    buckets: list[dict[str, int]] = field(default_factory=list)
+
+    def total(self, status: str) -> int:
+        return sum(b.get(status, 0) for b in self.buckets)
+
+    def statuses(self) -> list[str]:
+        return sorted({s for b in self.buckets for s in b})
+
+
+def parse_time(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def _load(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    value = _load(text)
+    return value if isinstance(value, dict) else {"message": json.dumps(value)}
+
+
+# ---- calls ------------------------------------------------------------------------------------------------
+
+def now() -> store.Call[datetime]:
+    return store.Call("dash_now", {}, lambda rows: rows[0][0])
+
+
+def queues(stale_seconds: float = 60.0) -> store.Call[list[QueueStats]]:
+    return store.Call("dash_queues", {"stale": stale_seconds},
+                      lambda rows: [QueueStats(*row) for row in rows])
+
+
+def workers() -> store.Call[list[WorkerInfo]]:
+    return store.Call("dash_workers", {}, lambda rows: [WorkerInfo(*row) for row in rows])
+
+
+def unrunnable(limit: int = 50) -> store.Call[list[Unrunnable]]:
+    return store.Call("dash_unrunnable", {"limit": limit}, lambda rows: [Unrunnable(*row) for row in rows])
+
+
+def unrunnable_count() -> store.Call[int]:
+    return store.Call("dash_unrunnable_count", {}, lambda rows: int(rows[0][0]))
+
+
+def outcomes(window_seconds: int = 3600, bucket_seconds: int = 60,
+             lookback_seconds: int = 86400) -> store.Call[Outcomes]:
+    count = window_seconds // bucket_seconds
+
+    def read(rows: Rows) -> Outcomes:
+        buckets: list[dict[str, int]] = [{} for _ in range(count)]
+        for ago, status, n in rows:
+            if 0 <= ago < count:
+                buckets[count - 1 - ago][status] = int(n)
+        return Outcomes(bucket_seconds, buckets)
+
+    return store.Call("dash_outcomes", {"window": window_seconds, "bucket": bucket_seconds,
+                                        "lookback": window_seconds + lookback_seconds}, read)
+
+
+def estimated_rows(schema: str) -> store.Call[int]:
+    """The planner's estimate of the executions stored; -1 when the table was never analyzed."""
+    return store.Call("dash_estimated_rows", {"schema": schema}, lambda rows: int(rows[0][0]) if rows else -1)
+
+
+def count_capped(cap: int) -> store.Call[int]:
+    return store.Call("dash_count_capped", {"cap": cap}, lambda rows: int(rows[0][0]))
+
+
+def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = None,
+              newer_than: tuple[datetime, str] | None = None, limit: int = 50) -> store.Call[list[ListedExecution]]:
+    """A page of executions, newest first, before ``older_than`` or (reading backwards) after ``newer_than``.
+
+    Keyset paging on (created_at, id): no OFFSET, so every page costs the same however deep it is.
+    """
+    params: dict[str, Any] = {
+        "status": where.status, "name": where.name, "queue": where.queue, "prefix": where.id_prefix,
+        "since": where.since or "-infinity", "until": where.until or "infinity", "limit": limit,
+    }
+    if newer_than is not None:
+        params["at"], params["id"] = newer_than
+        return store.Call("dash_list_newer", params,
+                          lambda rows: [ListedExecution(*row) for row in reversed(rows)])
+    params["at"], params["id"] = older_than if older_than is not None else ("infinity", "")
+    return store.Call("dash_list_older", params, lambda rows: [ListedExecution(*row) for row in rows])
+
+
+def exists(workflow_id: str) -> store.Call[bool]:
+    return store.Call("dash_exists", {"id": workflow_id}, bool)
+
+
+def execution(workflow_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[ExecutionDetail | None]:
+    def read(rows: Rows) -> ExecutionDetail | None:
+        if not rows:
+            return None
+        fields, output, size, error = rows[0]
+        return ExecutionDetail(_load(fields), Payload(output, size) if output is not None else None,
+                               _json_object(error))
+
+    return store.Call("dash_execution", {"id": workflow_id, "max": preview}, read)
+
+
+def execution_input(workflow_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Payload | None]:
+    return store.Call("dash_input", {"id": workflow_id, "max": preview},
+                      lambda rows: Payload(rows[0][0], rows[0][1]) if rows else None)
+
+
+def payload(workflow_id: str, column: str) -> store.Call[str | None]:
+    if column not in ("input", "output", "error"):
+        raise ValueError(f"no payload column {column!r}")
+    return store.Call("dash_payload", {"id": workflow_id, "column": column},
+                      lambda rows: rows[0][0] if rows else None)
+
+
+def steps(workflow_id: str, preview: int = STEP_PREVIEW, limit: int = MAX_STEPS) -> store.Call[list[StepDetail]]:
+    def read(rows: Rows) -> list[StepDetail]:
+        return [StepDetail(_load(fields), Payload(output, size) if output is not None else None,
+                           _json_object(error)) for fields, output, size, error in rows]
+
+    return store.Call("dash_steps", {"id": workflow_id, "max": preview, "limit": limit}, read)
+
+
+def known_names() -> store.Call[list[str]]:
+    return store.Call("dash_known_names", {}, lambda rows: [row[0] for row in rows])
+
+
+def tables(schema: str) -> store.Call[list[TableStats]]:
+    return store.Call("dash_tables", {"schema": schema}, lambda rows: [TableStats(*row) for row in rows])
+
+
+def server() -> store.Call[ServerInfo]:
+    return store.Call("dash_server", {}, lambda rows: ServerInfo(*rows[0]))

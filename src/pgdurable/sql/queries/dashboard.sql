@@ -1,0 +1,162 @@
+-- Read-only queries for the dashboard and `pgdurable status`. Names start with "dash_" so they never clash
+-- with the engine's. Every query here must stay cheap on a table of millions of rows: it either follows
+-- an index (the claim index for enqueued rows, the lease index for running rows, created_at for listing)
+-- or reads catalog statistics. New statuses (e.g. waiting) need no change here: rows are grouped by status.
+
+-- name: dash_now
+SELECT now();
+
+-- name: dash_queues
+-- Per queue: ready and delayed depth, running, leases expired for longer than %(stale)s seconds (nobody is
+-- sweeping), the age of the oldest ready execution, and live workers serving it. Each aggregate reads one
+-- status, so it follows that status's partial index.
+WITH enqueued AS (
+    SELECT queue,
+           count(*) FILTER (WHERE available_at <= now()) AS ready,
+           count(*) FILTER (WHERE available_at > now()) AS delayed,
+           min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready
+    FROM workflow_executions
+    WHERE status = 'enqueued'
+    GROUP BY queue
+),
+running AS (
+    SELECT queue, count(*) AS running,
+           count(*) FILTER (WHERE lease_expires < now() - make_interval(secs => %(stale)s)) AS stale
+    FROM workflow_executions
+    WHERE status = 'running'
+    GROUP BY queue
+),
+served AS (
+    SELECT q AS queue, count(*) AS workers
+    FROM workers, unnest(queues) AS q
+    WHERE heartbeat_at > now() - interval '2 minutes'
+    GROUP BY q
+),
+names AS (
+    SELECT queue FROM enqueued UNION SELECT queue FROM running UNION SELECT queue FROM served
+)
+SELECT n.queue, coalesce(e.ready, 0), coalesce(e.delayed, 0), coalesce(r.running, 0), coalesce(r.stale, 0),
+       extract(epoch FROM now() - e.oldest_ready)::float8, coalesce(s.workers, 0)
+FROM names n
+LEFT JOIN enqueued e USING (queue)
+LEFT JOIN running r USING (queue)
+LEFT JOIN served s USING (queue)
+ORDER BY n.queue;
+
+-- name: dash_outcomes
+-- Executions that finished in the last %(window)s seconds, per %(bucket)s-second bucket (0 = the newest)
+-- and status. completed_at has no index on purpose (an indexed completed_at would make every completion a
+-- non-HOT update), so the scan is bounded by created_at: executions created more than %(lookback)s seconds
+-- ago are left out of the chart.
+SELECT floor(extract(epoch FROM now() - completed_at) / %(bucket)s)::int AS ago, status, count(*)
+FROM workflow_executions
+WHERE created_at > now() - make_interval(secs => %(lookback)s)
+  AND completed_at > now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2;
+
+-- name: dash_estimated_rows
+-- The planner's estimate of the executions stored (-1: never analyzed): exact counts of a large table are
+-- a full scan.
+SELECT c.reltuples::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = 'workflow_executions';
+
+-- name: dash_count_capped
+-- An exact count that stops at %(cap)s rows: cheap on a small table, bounded on a large one.
+SELECT count(*) FROM (SELECT 1 FROM workflow_executions LIMIT %(cap)s) AS capped;
+
+-- name: dash_list_older
+-- One page of executions, newest first, strictly older than the cursor (created_at, id). With no cursor
+-- the caller passes ('infinity', ''). The row comparison is an index condition on created_at, so a page
+-- costs the same at row 50 and at row 5,000,000 (no OFFSET); ties on created_at (a bulk enqueue shares its
+-- transaction's time) are broken by id.
+SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
+       error ->> 'type', left(error ->> 'message', 300)
+FROM workflow_executions
+WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
+  AND created_at >= %(since)s::timestamptz AND created_at < %(until)s::timestamptz
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: dash_list_newer
+-- The page just newer than the cursor, oldest first (the caller reverses it).
+SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
+       error ->> 'type', left(error ->> 'message', 300)
+FROM workflow_executions
+WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
+  AND created_at >= %(since)s::timestamptz AND created_at < %(until)s::timestamptz
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
+ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- name: dash_exists
+SELECT id FROM workflow_executions WHERE id = %(id)s;
+
+-- name: dash_execution
+-- One execution: every column but the payloads as one JSON object (columns added by later migrations show
+-- up without a change here), then the output (cut to %(max)s characters) with its full size, and the error.
+SELECT to_jsonb(e) - 'input' - 'output' - 'error',
+       left(e.output::text, %(max)s), octet_length(e.output::text), e.error::text
+FROM workflow_executions e
+WHERE e.id = %(id)s;
+
+-- name: dash_input
+SELECT left(input::text, %(max)s), octet_length(input::text) FROM workflow_executions WHERE id = %(id)s;
+
+-- name: dash_payload
+-- The whole stored payload, for the raw view.
+SELECT CASE %(column)s WHEN 'input' THEN input::text WHEN 'output' THEN output::text
+                       WHEN 'error' THEN error::text END
+FROM workflow_executions
+WHERE id = %(id)s;
+
+-- name: dash_steps
+-- The recorded steps of one execution in order, every column but the payloads as JSON (step kinds added
+-- later, such as sleeps and waits, come along), the output cut to %(max)s characters, and the error.
+SELECT to_jsonb(o) - 'execution_id' - 'output' - 'error',
+       left(o.output::text, %(max)s), octet_length(o.output::text), o.error::text
+FROM operation_outputs o
+WHERE o.execution_id = %(id)s
+ORDER BY o.step_id
+LIMIT %(limit)s;
+
+-- name: dash_workers
+-- Registered workers, newest heartbeat first; alive = heartbeat within the two minutes the engine uses.
+SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
+       heartbeat_at > now() - interval '2 minutes' AS alive
+FROM workers
+ORDER BY alive DESC, started_at;
+
+-- name: dash_unrunnable
+SELECT id, name, queue, created_at, reason FROM unrunnable_executions ORDER BY created_at LIMIT %(limit)s;
+
+-- name: dash_known_names
+-- Workflow names registered by recent workers: suggestions for the name filter, without scanning executions.
+SELECT DISTINCT w FROM workers, unnest(workflows) AS w
+WHERE heartbeat_at > now() - interval '1 hour'
+ORDER BY w
+LIMIT 500;
+
+-- name: dash_unrunnable_count
+SELECT count(*) FROM unrunnable_executions;
+
+-- name: dash_tables
+-- Size and tuple statistics of pgdurable's tables (dead tuples show vacuum falling behind).
+SELECT c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid),
+       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0), s.last_autovacuum, s.last_vacuum,
+       coalesce(s.autovacuum_count, 0)
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+ORDER BY pg_total_relation_size(c.oid) DESC;
+
+-- name: dash_server
+SELECT current_setting('server_version'), pg_database_size(current_database()), now();

@@ -1,0 +1,218 @@
+"""Retention: pgdurable cleanup, App.cleanup and the workers' automatic retention, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from typer.testing import CliRunner
+
+import pgdurable
+from pgdurable import retention
+from pgdurable.cli import cli
+
+from .harness import wait_for
+
+
+@pytest.fixture
+def db(database_url: str, schema: str, app: pgdurable.App) -> Iterator[psycopg.Connection[Any]]:
+    app.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        yield conn
+
+
+def age(db: psycopg.Connection[Any], ids: list[str], days: float) -> None:
+    """Move executions into the past: created, updated and (if finished) completed ``days`` ago. available_at
+    stays, so a delayed execution is still not due (a worker would claim it)."""
+    db.execute("UPDATE workflow_executions SET created_at = created_at - %(d)s, updated_at = updated_at - %(d)s,"
+               " completed_at = completed_at - %(d)s WHERE id = ANY (%(ids)s)",
+               {"d": timedelta(days=days), "ids": ids})
+
+
+def finished_rows(db: psycopg.Connection[Any], prefix: str, n: int, status: str = "succeeded",
+                  days: float = 40, steps: int = 1) -> list[str]:
+    """n finished executions with ``steps`` step outputs each, finished ``days`` ago, written in SQL."""
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    db.execute("INSERT INTO workflow_executions (id, name, status, created_at, updated_at, completed_at) "
+               "SELECT id, 'old', %s, now() - %s, now() - %s, now() - %s FROM unnest(%s::text[]) AS id",
+               (status, timedelta(days=days), timedelta(days=days), timedelta(days=days), ids))
+    db.execute("INSERT INTO operation_outputs (execution_id, step_id, step_name, output, recorded_by_attempt,"
+               " started_at) SELECT id, s, 'step', '1', 1, now() FROM unnest(%s::text[]) AS id,"
+               " generate_series(0, %s - 1) AS s", (ids, steps))
+    return ids
+
+
+def count(db: psycopg.Connection[Any], table: str, prefix: str) -> int:
+    column = "id" if table == "workflow_executions" else "execution_id"
+    row = db.execute(sql.SQL("SELECT count(*) FROM {} WHERE starts_with({}, %s)").format(
+        sql.Identifier(table), sql.Identifier(column)), (prefix,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_cleanup_deletes_old_finished_executions_and_their_steps_only(
+        app: pgdurable.App, db: psycopg.Connection[Any], start_worker: Callable[..., Any]) -> None:
+    gate = threading.Event()
+
+    @app.step()
+    def work(n: int) -> int:
+        return n
+
+    @app.step()
+    def hold() -> None:
+        gate.wait(30)
+
+    @app.workflow()
+    def job(n: int) -> int:
+        work(n)
+        if n < 0:
+            raise ValueError("negative")
+        return work(n + 1)
+
+    @app.workflow()
+    def long() -> None:
+        work(0)
+        hold()
+
+    start_worker(app)
+    done = [app.enqueue(job, n, workflow_id=f"ok-{n}") for n in range(4)]
+    for handle in done:
+        handle.result(timeout=10)
+    with pytest.raises(pgdurable.WorkflowFailed):
+        app.enqueue(job, -1, workflow_id="bad-0").result(timeout=10)
+    app.enqueue(job, 5, workflow_id="cancelled-0", delay=3600)
+    app.cancel("cancelled-0")
+    app.enqueue(job, 6, workflow_id="waiting-0", delay=3600)
+    running = app.enqueue(long, workflow_id="running-0")
+    wait_for(lambda: running.status() == "running" and len(app.steps("running-0")) == 1, 10, "long to run")
+    fresh = app.enqueue(job, 7, workflow_id="fresh-0")
+    fresh.result(timeout=10)
+    everything_old = [f"ok-{n}" for n in range(4)] + ["bad-0", "cancelled-0", "waiting-0", "running-0"]
+    age(db, everything_old, days=40)
+
+    try:
+        assert retention.cleanup(app.db, timedelta(days=30), dry_run=True).executions == 6
+        assert app.cleanup(timedelta(days=30)) == 6
+        left = {row[0]: row[1] for row in db.execute("SELECT id, status FROM workflow_executions")}
+        assert left == {"waiting-0": "enqueued", "running-0": "running", "fresh-0": "succeeded"}
+        steps = {row[0] for row in db.execute("SELECT DISTINCT execution_id FROM operation_outputs")}
+        assert steps == {"running-0", "fresh-0"}
+        assert app.cleanup(timedelta(days=30)) == 0
+    finally:
+        gate.set()
+    running.result(timeout=10)  # the running one was untouched and finishes
+
+
+def test_cleanup_by_status_and_age(app: pgdurable.App, db: psycopg.Connection[Any]) -> None:
+    finished_rows(db, "s", 3, "succeeded")
+    finished_rows(db, "f", 2, "failed")
+    finished_rows(db, "recent", 2, "failed", days=10)
+    assert app.cleanup(timedelta(days=30), statuses=["failed"]) == 2
+    assert count(db, "workflow_executions", "f-") == 0 and count(db, "workflow_executions", "s-") == 3
+    assert app.cleanup(5 * 86400, statuses=["failed"]) == 2  # seconds work too
+    assert count(db, "workflow_executions", "recent-") == 0
+    with pytest.raises(ValueError, match="only finished executions"):
+        app.cleanup(timedelta(days=1), statuses=["succeeded", "running"])
+    with pytest.raises(ValueError, match="at least one status"):
+        app.cleanup(timedelta(days=1), statuses=[])
+
+
+def test_cleanup_works_in_batches(app: pgdurable.App, db: psycopg.Connection[Any]) -> None:
+    finished_rows(db, "b", 25, steps=3)
+    starts: list[int] = []
+    batches: list[retention.Deleted] = []
+    total = retention.cleanup(app.db, timedelta(days=30), batch_size=10, on_start=starts.append,
+                              on_batch=batches.append)
+    assert starts == [25]
+    assert [b.executions for b in batches] == [10, 10, 5]
+    assert [b.steps for b in batches] == [30, 30, 15]
+    assert total == retention.Deleted(25, 75)
+    assert count(db, "operation_outputs", "b-") == 0
+
+
+def test_cleanup_skips_rows_locked_by_others_instead_of_waiting(app: pgdurable.App, db: psycopg.Connection[Any],
+                                                                database_url: str, schema: str) -> None:
+    finished_rows(db, "l", 5)
+    with psycopg.connect(database_url) as other:  # a transaction holding one row, e.g. a resume in flight
+        other.execute(sql.SQL("SELECT 1 FROM {}.workflow_executions WHERE id = 'l-0' FOR UPDATE").format(
+            sql.Identifier(schema)))
+        started = time.monotonic()
+        assert app.cleanup(timedelta(days=30)) == 4
+        assert time.monotonic() - started < 5
+        other.rollback()
+    assert app.cleanup(timedelta(days=30)) == 1
+
+
+def test_workers_apply_automatic_retention(make_app: Callable[..., pgdurable.App], database_url: str,
+                                           schema: str, start_worker: Callable[..., Any]) -> None:
+    app = make_app(retention_seconds=7 * 86400, retention_batch_size=4)
+
+    @app.workflow()
+    def noop() -> None:
+        return None
+
+    app.migrate()
+    with psycopg.connect(database_url, autocommit=True) as db:
+        db.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        finished_rows(db, "auto", 10, days=8)
+        finished_rows(db, "keep", 3, days=6)
+        start_worker(app)
+        wait_for(lambda: count(db, "workflow_executions", "auto-") == 0, 15, "the worker to delete old executions")
+        assert count(db, "operation_outputs", "auto-") == 0
+        assert count(db, "workflow_executions", "keep-") == 3
+
+
+def test_settings_reject_bad_retention() -> None:
+    with pytest.raises(pgdurable.ConfigurationError):
+        pgdurable.Settings(retention_seconds=-1)
+    with pytest.raises(pgdurable.ConfigurationError):
+        pgdurable.Settings(retention_batch_size=0)
+
+
+def test_durations() -> None:
+    assert retention.parse_duration("30d") == timedelta(days=30)
+    assert retention.parse_duration("1d12h") == timedelta(hours=36)
+    assert retention.parse_duration("90m") == timedelta(minutes=90)
+    assert retention.parse_duration("2w") == timedelta(weeks=2)
+    assert retention.parse_duration("0.5h") == timedelta(minutes=30)
+    for bad in ["", "30", "d", "30 days", "-1d", "1y"]:
+        with pytest.raises(ValueError):
+            retention.parse_duration(bad)
+
+
+def _cli(database_url: str, schema: str, *args: str) -> Any:
+    return CliRunner().invoke(cli, [*args, "--database-url", database_url, "--schema", schema])
+
+
+def test_cli_cleanup(app: pgdurable.App, db: psycopg.Connection[Any], database_url: str, schema: str) -> None:
+    finished_rows(db, "c", 7, "succeeded")
+    finished_rows(db, "x", 2, "cancelled")
+    dry = _cli(database_url, schema, "cleanup", "--older-than", "30d", "--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.output)["would_delete"] == 9
+    assert count(db, "workflow_executions", "") == 9
+
+    only = _cli(database_url, schema, "cleanup", "--older-than", "30d", "--status", "cancelled", "--json")
+    assert json.loads(only.output) == {"deleted": 2, "steps_deleted": 2, "dry_run": False,
+                                       "older_than_seconds": 30 * 86400.0, "statuses": ["cancelled"]}
+    shown = _cli(database_url, schema, "cleanup", "--older-than", "4w", "--batch-size", "3")
+    assert shown.exit_code == 0, shown.output
+    assert "deleted 7 executions and 7 step outputs" in shown.output
+    assert count(db, "workflow_executions", "") == 0
+
+    for args in (["--older-than", "soon"], ["--older-than", "1d", "--status", "running"]):
+        refused = _cli(database_url, schema, "cleanup", *args)
+        assert refused.exit_code == 2, refused.output
+    assert "Exit codes" in CliRunner().invoke(cli, ["cleanup", "--help"]).output
+
+
+def test_cli_cleanup_does_not_install_the_schema(database_url: str, schema: str) -> None:
+    result = _cli(database_url, schema, "cleanup", "--older-than", "30d")
+    assert result.exit_code == 2 and "not installed" in result.output
