@@ -28,6 +28,7 @@ from . import failures, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost
+from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -71,6 +72,7 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._batcher: WriteBatcher | None = None
+        self._scheduler: Scheduler | None = None
         self._next_queue = 0
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pgdurable-workflow")
         self._wake = asyncio.Event()
@@ -118,8 +120,10 @@ class Worker:
             await self._run(store.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
                 workflows=self.names, concurrency=self.concurrency))
+            self._scheduler = Scheduler(self.app, self._pool, self.id)
             background += [asyncio.create_task(self._listen_loop(), name="pgdurable-listen"),
-                           asyncio.create_task(self._sweep_loop(), name="pgdurable-sweep")]
+                           asyncio.create_task(self._sweep_loop(), name="pgdurable-sweep"),
+                           asyncio.create_task(self._scheduler.run(), name="pgdurable-schedules")]
             log.info("worker %s: queues %s, %d workflows, concurrency %d",
                      self.id, ",".join(self.queues), len(self.names), self.concurrency)
         self._started.set()
@@ -385,15 +389,22 @@ class Worker:
 
     async def _listen_loop(self) -> None:
         channel = sql.Identifier(f"{self.app.db.schema}_work")
+        schedules_channel = f"{self.app.db.schema}_schedules"
         queues = set(self.queues)
         while True:
             try:
                 conn = await self.app.db.aconnect()
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schedules_channel)))
                     self._wake.set()  # catch up on whatever was enqueued while not listening
+                    if self._scheduler is not None:
+                        self._scheduler.wake()
                     async for notice in conn.notifies():
-                        if notice.payload in queues:
+                        if notice.channel == schedules_channel:
+                            if self._scheduler is not None:
+                                self._scheduler.wake()
+                        elif notice.payload in queues:
                             self._wake.set()
             except asyncio.CancelledError:
                 raise
