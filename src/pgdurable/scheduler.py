@@ -81,18 +81,20 @@ class Fired:
     """The outcome of one firing pass."""
 
     locked: int = 0  # due schedules this pass locked
-    enqueued: list[str] = field(default_factory=list)  # execution ids created
+    fired: list[str] = field(default_factory=list)  # execution ids of the ticks this pass fired
+    enqueued: list[str] = field(default_factory=list)  # of those, the ones it created (all, unless the id was
+                                                       # already taken: a next_fire_at moved back by hand)
     paused: dict[str, str] = field(default_factory=dict)  # schedule name -> why
     more: bool = False  # something is still due: run another pass at once
 
 
 async def fire_due(conn: psycopg.AsyncConnection[Any], *, limit: int = _BATCH) -> Fired:
     """One firing pass, inside the caller's transaction on ``conn`` (the caller commits or rolls back)."""
-    fired = Fired()
+    outcome = Fired()
     due = await store.arun(conn, schedules.lock_due_schedules(limit))
-    fired.locked = len(due)
+    outcome.locked = len(due)
     if not due:
-        return fired
+        return outcome
     ticks: list[list[str]] = []
     advanced: list[list[str | None]] = []
     invalid: list[list[str]] = []
@@ -104,7 +106,7 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], *, limit: int = _BATCH) -
             message = f"paused by a worker: cannot compute its ticks: {reason}"
             log.warning("schedule %s: %s", name, message)
             invalid.append([name, message])
-            fired.paused[name] = message
+            outcome.paused[name] = message
             continue
         if step.skipped:
             log.warning("schedule %s: skipped %s missed tick(s) late by more than %d s (catch_up='skip')", name,
@@ -113,16 +115,17 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], *, limit: int = _BATCH) -
         ticks.extend([execution_id(name, tick), name, tick.isoformat()] for tick in step.ticks)
         advanced.append([name, step.next_fire_at.isoformat(),
                          step.ticks[-1].isoformat() if step.ticks else None])
-        fired.more = fired.more or step.more
+        outcome.more = outcome.more or step.more
     if ticks:
         created = await store.arun(conn, schedules.enqueue_ticks(json.dumps(ticks)))
-        fired.enqueued = [tick[0] for tick in ticks if tick[0] in created]
+        outcome.fired = [tick[0] for tick in ticks]
+        outcome.enqueued = [tick[0] for tick in ticks if tick[0] in created]
     if advanced:
         await store.arun(conn, schedules.advance_schedules(json.dumps(advanced)))
     if invalid:
         await store.arun(conn, schedules.pause_invalid_schedules(json.dumps(invalid)))
-    fired.more = fired.more or len(due) == limit
-    return fired
+    outcome.more = outcome.more or len(due) == limit
+    return outcome
 
 
 class Scheduler:
