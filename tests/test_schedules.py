@@ -12,6 +12,7 @@ import signal
 import statistics
 import subprocess
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,7 @@ from pgdurable.cli import cli
 from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
 from pgdurable.scheduler import fire_due
+from pgdurable.sqlfiles import migrations
 from tests.harness import wait_for
 
 PARIS = "Europe/Paris"
@@ -414,6 +416,28 @@ def test_a_new_schedule_wakes_running_workers(make_app: Callable[..., pgdurable.
     created = app.schedule("soon", "elsewhere.workflow", "* * * * * *", queue="nobody")
     wait_for(lambda: _ticks(db, "soon"), 10, "the first tick of a schedule created while workers sleep")
     assert created.next_fire_at is not None and _ticks(db, "soon")[0] == created.next_fire_at
+
+
+def test_worker_roles_granted_before_the_upgrade_may_fire_schedules(database_url: str, schema: str) -> None:
+    role = f"worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        try:
+            with conn.transaction():  # a schema at version 2, its worker role granted, then upgraded
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+                conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_temp").format(sql.Identifier(schema)))
+                for version, _, text in migrations():
+                    if version <= 2:
+                        conn.execute(text)
+                conn.execute("SELECT grant_worker_role(%s)", (role,))
+                [text_4] = [text for version, _, text in migrations() if version == 4]
+                conn.execute(text_4)
+                granted = conn.execute("SELECT has_table_privilege(%s, 'schedules', 'SELECT, INSERT, UPDATE, DELETE')",
+                                       (role,)).fetchone()
+            assert granted == (True,)
+        finally:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 # -- command line -----------------------------------------------------------------------------------------

@@ -64,9 +64,10 @@ DECLARE
     grantee_name text;
 BEGIN
     FOR grantee_name IN
-        SELECT DISTINCT grantee FROM information_schema.role_table_grants
-        WHERE table_schema = current_schema() AND table_name = 'workflow_executions'
-          AND privilege_type = 'UPDATE' AND grantee <> current_user
+        SELECT DISTINCT pg_get_userbyid(acl.grantee)
+        FROM pg_class c, aclexplode(c.relacl) AS acl
+        WHERE c.oid = 'workflow_executions'::regclass AND acl.privilege_type = 'UPDATE'
+          AND acl.grantee <> 0 AND acl.grantee <> c.relowner
     LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON schedules TO %I', grantee_name);
     END LOOP;
