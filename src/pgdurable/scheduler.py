@@ -5,7 +5,7 @@ database's ``now()``, enqueue one execution per due tick with the id ``sched:<na
 (id) DO NOTHING``), and advance each schedule's ``next_fire_at`` past the ticks fired. Enqueues and advance
 commit together or not at all, and the lock keeps every other worker off the schedule meanwhile, so each tick
 fires exactly once however many workers run and whenever they crash. Only the database's clock decides
-what is due; the worker's clock is never read.
+what is due: a worker's clock, however wrong, changes nothing but how long it sleeps between looks.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -139,6 +140,7 @@ class Scheduler:
         self.poll_seconds = app.settings.poll_seconds
         self._wake = asyncio.Event()
         self._declared = False
+        self._declare_at = 0.0  # monotonic time of the next attempt to store the declared schedules
         self._contended = 0
 
     def wake(self) -> None:
@@ -148,17 +150,17 @@ class Scheduler:
         failures = 0
         while True:
             self._wake.clear()  # before looking: a NOTIFY that arrives meanwhile still wakes the next wait
+            if not self._declared and time.monotonic() >= self._declare_at:
+                await self._declare()
             try:
-                if not self._declared:
-                    await self._declare()
                 delay = await self._pass()
                 failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                failures += 1
+                failures = min(failures + 1, 6)
                 log.warning("worker %s: firing schedules failed (%s); retrying", self.worker_id, exc)
-                delay = min(0.05 * 2.0 ** failures, 2.0)
+                delay = 0.05 * 2.0 ** failures
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
@@ -178,18 +180,26 @@ class Scheduler:
         if not fired.locked:
             # Due, but locked: another worker is firing it (done in a moment), or a session holds its row.
             # Look again soon, backing off, rather than spin.
-            self._contended += 1
+            self._contended = min(self._contended + 1, 10)
             return min(0.005 * 2.0 ** self._contended, self.poll_seconds)
         self._contended = 0
         return 0.0
 
     async def _declare(self) -> None:
-        """Store the schedules declared with @app.scheduled (created, or redefined where they changed)."""
-        async with self.pool.connection() as conn:
-            for definition in self.app.declared_schedules.values():
-                async with conn.transaction():
-                    now = await store.arun(conn, schedules.database_now())
-                    await store.arun(conn, schedules.upsert_schedule(definition, definition.cron.next_after(now)))
+        """Store the schedules declared with @app.scheduled (created, or redefined where they changed). On
+        failure, firing goes on and this is tried again a little later."""
+        try:
+            async with self.pool.connection() as conn:
+                for definition in self.app.declared_schedules.values():
+                    async with conn.transaction():
+                        now = await store.arun(conn, schedules.database_now())
+                        await store.arun(conn, schedules.upsert_schedule(definition,
+                                                                         definition.cron.next_after(now)))
+        except Exception as exc:
+            log.warning("worker %s: could not store the declared schedules (%s); retrying", self.worker_id, exc)
+            self._declare_at = time.monotonic() + 5.0
+            return
         self._declared = True
         if self.app.declared_schedules:
-            log.info("worker %s: declared schedules %s", self.worker_id, ", ".join(sorted(self.app.declared_schedules)))
+            log.info("worker %s: declared schedules %s", self.worker_id,
+                     ", ".join(sorted(self.app.declared_schedules)))
