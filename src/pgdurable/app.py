@@ -9,13 +9,13 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import store, waits
+from . import schedules, store, waits
 from .client import CompletionListener, WorkflowHandle
 from .config import Settings, database_url_from_env, schema_name
 from .connections import async_driver_connection, sync_driver_connection
@@ -30,6 +30,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .migrations import migrate
+from .schedules import CatchUp, Schedule, ScheduleDefinition
 from .serialization import JsonSerializer, Serializer, SizeLimit
 from .steps import RetryPolicy, make_step
 from .telemetry import Observer, Observers
@@ -38,6 +39,7 @@ from .workflows import Registry, Workflow, default_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
+W = TypeVar("W", bound=Workflow[Any, Any])
 
 
 class App:
@@ -54,6 +56,8 @@ class App:
         self.settings = settings or Settings(**tunables)
         self.serializer = SizeLimit(serializer or JsonSerializer(), self.settings.max_payload_bytes)
         self.registry = Registry()
+        # Declared with @app.scheduled; a worker stores them when it starts.
+        self.declared_schedules: dict[str, ScheduleDefinition] = {}
         # Resolved on first use, so an App can be defined at import time before the environment is set.
         self.db = Database(lambda: database_url or database_url_from_env() or embedded_database_url(),
                            self.schema,
@@ -546,6 +550,59 @@ class App:
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
         return migrate(self.db.conninfo, self.schema)
+
+    # -- schedules (the logic lives in schedules.py and scheduler.py) ---------------------------------------
+
+    def schedule(self, name: str, workflow: Workflow[..., Any] | str, cron: str, *, timezone: str = "UTC",
+                 queue: str | None = None, priority: int | None = None, args: Mapping[str, Any] | None = None,
+                 catch_up: CatchUp = "skip", pass_scheduled_at: bool | None = None) -> Schedule:
+        """Create or redefine the schedule ``name``: workers enqueue ``workflow`` at every tick of ``cron``.
+
+        ``cron``: 5 fields, 6 with seconds first, or @hourly/@daily/@weekly/@monthly/@yearly, read as
+        wall-clock time in ``timezone`` (an IANA name). ``args``: the workflow's keyword arguments.
+        ``pass_scheduled_at``: also pass the tick's time as ``scheduled_at`` (default: when the workflow has
+        such a parameter). ``catch_up``: after downtime, "skip" fires only ticks late by less than 60 s,
+        "all" fires every missed tick. Everything is checked now: ``ValueError``/``TypeError`` on a bad
+        expression, time zone or arguments. Redefining keeps the next tick unless the timetable changed.
+        """
+        return schedules.store_definition(self, schedules.define(
+            self, name, workflow, cron, timezone=timezone, queue=queue, priority=priority, args=args,
+            catch_up=catch_up, pass_scheduled_at=pass_scheduled_at))
+
+    def scheduled(self, cron: str, *, name: str | None = None, timezone: str = "UTC", queue: str | None = None,
+                  priority: int | None = None, args: Mapping[str, Any] | None = None, catch_up: CatchUp = "skip",
+                  pass_scheduled_at: bool | None = None) -> Callable[[W], W]:
+        """Decorator, above ``@app.workflow``: run the workflow on a cron schedule (named after the workflow
+        unless ``name`` is given; options as in ``schedule``). Checked at once; stored (created, or redefined
+        where it changed) when a worker starts."""
+
+        def register(workflow: W) -> W:
+            if not isinstance(workflow, Workflow):
+                raise TypeError("@app.scheduled goes above @app.workflow: it schedules a registered workflow")
+            return schedules.declare(self, workflow, schedules.define(
+                self, name or workflow.name, workflow, cron, timezone=timezone, queue=queue, priority=priority,
+                args=args, catch_up=catch_up, pass_scheduled_at=pass_scheduled_at))
+
+        return register
+
+    def get_schedule(self, name: str) -> Schedule | None:
+        return self.db.run(schedules.get_schedule(name))
+
+    def list_schedules(self) -> list[Schedule]:
+        return self.db.run(schedules.list_schedules())
+
+    def unschedule(self, name: str) -> bool:
+        """Delete a schedule; True if it existed. Executions it already enqueued are left alone."""
+        return self.db.run(schedules.delete_schedule(name))
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop firing a schedule until it is resumed; True if it exists."""
+        return self.db.run(schedules.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> bool:
+        """Fire a paused schedule again from its first tick after now (ticks missed while paused do not fire);
+        True if it exists. ``ValueError`` if its stored expression or time zone is invalid."""
+        return schedules.resume(self, name)
 
     # -- workers ------------------------------------------------------------------------------------------
 

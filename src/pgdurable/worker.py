@@ -28,6 +28,7 @@ from . import failures, retention, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost
+from .scheduler import Scheduler
 from .waits import Suspended
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._batcher: WriteBatcher | None = None
+        self._scheduler: Scheduler | None = None
         self._next_queue = 0
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pgdurable-workflow")
         self._wake = asyncio.Event()
@@ -132,9 +134,11 @@ class Worker:
             await self._run(store.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
                 workflows=self.names, concurrency=self.concurrency, version=self.version))
+            self._scheduler = Scheduler(self.app, self._pool, self.id)
             background += [asyncio.create_task(self._listen_loop(), name="pgdurable-listen"),
                            asyncio.create_task(self._sweep_loop(), name="pgdurable-sweep"),
-                           asyncio.create_task(self._timer_loop(), name="pgdurable-timer")]
+                           asyncio.create_task(self._timer_loop(), name="pgdurable-timer"),
+                           asyncio.create_task(self._scheduler.run(), name="pgdurable-schedules")]
             log.info("worker %s: queues %s, %d workflows, concurrency %d, version %s",
                      self.id, ",".join(self.queues), len(self.names), self.concurrency, self.version)
         self._started.set()
@@ -492,18 +496,24 @@ class Worker:
     async def _listen_loop(self) -> None:
         work = f"{self.app.db.schema}_work"
         stop = f"{self.app.db.schema}_stop"
+        schedules_channel = f"{self.app.db.schema}_schedules"
         queues = set(self.queues)
         while True:
             try:
                 conn = await self.app.db.aconnect()
                 async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(work),
-                                                                              sql.Identifier(stop)))
+                    await conn.execute(sql.SQL("LISTEN {}; LISTEN {}; LISTEN {}").format(
+                        sql.Identifier(work), sql.Identifier(stop), sql.Identifier(schedules_channel)))
                     self._wake.set()  # catch up on whatever was enqueued while not listening
+                    if self._scheduler is not None:
+                        self._scheduler.wake()
                     async for notice in conn.notifies():
                         if notice.channel == work:
                             if notice.payload in queues:
                                 self._wake.set()
+                        elif notice.channel == schedules_channel:
+                            if self._scheduler is not None:
+                                self._scheduler.wake()
                         elif (running := self.running.get(notice.payload)) is not None and not running.context.lost:
                             self._abandon(running)  # cancelled or timed out: stop now, not at the next heartbeat
             except asyncio.CancelledError:
