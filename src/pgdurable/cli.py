@@ -18,9 +18,13 @@ from rich.table import Table
 
 from . import store
 from .app import App
+from .errors import ConfigurationError
 from .schedules import CatchUp, Schedule
 
-cli = typer.Typer(help="Durable Python workflows with PostgreSQL as the only orchestrator.",
+cli = typer.Typer(help="Durable Python workflows with PostgreSQL as the only orchestrator.\n\n"
+                       "Exit codes: 0 done; 1 not done (no such execution, nothing to change, or something "
+                       "needs attention); 2 bad input or the database cannot be used. Commands that read or "
+                       "change state take --json for scripts.",
                   no_args_is_help=True, add_completion=False)
 workflows_cli = typer.Typer(help="Inspect and steer workflow executions.", no_args_is_help=True)
 cli.add_typer(workflows_cli, name="workflows")
@@ -142,12 +146,23 @@ def worker(
 
 
 @cli.command()
-def migrate(database_url: DatabaseUrl = None, schema: Schema = None) -> None:
-    """Create or upgrade pgdurable's schema (also done automatically on first use)."""
+def migrate(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Create or upgrade pgdurable's schema (also done automatically on first use).
+
+    Example: PGDURABLE_DATABASE_URL=postgresql://app@db/shop pgdurable migrate --json
+    """
     app = App(database_url, schema=schema, auto_migrate=False)
-    applied = app.migrate()
-    app.close()
-    console.print(f"schema {app.schema}: " + (f"applied {applied}" if applied else "already up to date"))
+    try:
+        applied = app.migrate()
+    except ConfigurationError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    finally:
+        app.close()
+    if as_json:
+        print(json.dumps({"schema": app.schema, "applied": applied}))
+    else:
+        console.print(f"schema {app.schema}: " + (f"applied {applied}" if applied else "already up to date"))
 
 
 @workflows_cli.command("list")
@@ -158,7 +173,10 @@ def list_workflows(
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
-    """List executions, newest first."""
+    """List executions, newest first.
+
+    Example: pgdurable workflows list --status failed --queue orders --limit 20 --json
+    """
     with _app(database_url, schema) as app:
         executions = app.list_workflows(status=status, name=name, queue=queue, limit=limit)
     if as_json:
@@ -175,7 +193,10 @@ def list_workflows(
 @workflows_cli.command("show")
 def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                   as_json: AsJson = False) -> None:
-    """Show one execution and every recorded step with its timing."""
+    """Show one execution: its steps with timings, children, events and messages.
+
+    Example: pgdurable workflows show order-42
+    """
     with _app(database_url, schema) as app:
         execution = app.get(workflow_id)
         steps = app.steps(workflow_id)
@@ -284,7 +305,10 @@ def send_message(workflow_id: str, message: Annotated[str, typer.Argument(help="
 
 @queues_cli.command("list")
 def list_queues(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
-    """Queues that have a policy."""
+    """Queues that have a policy (limits), as set by `app.queue(...)` or `pgdurable queues set`.
+
+    Example: pgdurable queues list --json
+    """
     with _app(database_url, schema) as app:
         policies = app.db.run(store.queue_policies(None))
     if as_json:
@@ -305,7 +329,7 @@ def set_queue(name: str,
               rate_limit: Annotated[int | None, typer.Option(help="Starts per --rate-period.")] = None,
               rate_period: Annotated[float | None, typer.Option(help="Seconds.")] = None,
               key_concurrency: Annotated[int | None, typer.Option(help="Running at once per key.")] = None,
-              database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+              database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
     """Set a queue's limits (no limits given: remove its policy). Workers pick it up within a sweep.
 
     Example: pgdurable queues set emails --concurrency 10 --rate-limit 100 --rate-period 60
@@ -318,14 +342,20 @@ def set_queue(name: str,
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
         app.db.run(store.set_queue_policy(policy))
-    console.print(f"queue {name}: " + ("policy stored" if policy.claims_in_sql or policy.worker_concurrency
-                                       else "policy removed"))
+    stored = policy.claims_in_sql or policy.worker_concurrency is not None
+    if as_json:
+        print(json.dumps({"queue": name, "policy": dataclasses.asdict(policy) if stored else None}))
+    else:
+        console.print(f"queue {name}: " + ("policy stored" if stored else "policy removed"))
 
 
 @workflows_cli.command("cancel")
 def cancel_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                     as_json: AsJson = False) -> None:
-    """Cancel an unfinished execution and its unfinished children (a running one stops at once)."""
+    """Cancel an unfinished execution and its unfinished children (a running one stops at once).
+
+    Example: pgdurable workflows cancel order-42
+    """
     with _app(database_url, schema) as app:
         done = app.cancel(workflow_id)
     _report(as_json, workflow_id, "cancelled", done, "is not enqueued or running")
@@ -334,7 +364,10 @@ def cancel_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: 
 @workflows_cli.command("resume")
 def resume_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Schema = None,
                     as_json: AsJson = False) -> None:
-    """Re-enqueue a failed or cancelled execution; completed steps are kept, the failed step runs again."""
+    """Re-enqueue a failed or cancelled execution; completed steps are kept, the failed step runs again.
+
+    Example: pgdurable workflows resume order-42 --json
+    """
     with _app(database_url, schema) as app:
         done = app.resume(workflow_id)
     _report(as_json, workflow_id, "resumed", done, "is not failed or cancelled")
@@ -353,7 +386,10 @@ def _report(as_json: bool, workflow_id: str, verb: str, done: bool, why_not: str
 
 @cli.command()
 def workers(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
-    """Live workers, and enqueued executions that no live worker can run."""
+    """Live workers (with their application version), and enqueued executions no live worker can run.
+
+    Example: pgdurable workers --json
+    """
     with _app(database_url, schema) as app:
         rows = app.db.run(store.list_workers())
         stuck = app.db.run(store.list_unrunnable(100))
