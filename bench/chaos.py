@@ -1533,6 +1533,9 @@ class Scenario:
             row.slots_held += self.opts.concurrency - peak
         row.hung_sync += sum(hung_sync.values())
         row.notes.append(f"probe burst ({self.sampler.samples} samples): " + "; ".join(held))
+        if row.slots_held != row.hung_sync:  # informational: a sample may miss the moment every slot was busy
+            row.notes.append(f"{row.slots_held} slots unused during the probe burst, but {row.hung_sync} sync steps "
+                             f"hang: expected one slot held per hung sync step, none per cancelled async one")
 
     def _cancel_report(self, row: Row) -> int:
         """The cancellations that struck, from the server's log (it logs each failed statement with its
