@@ -217,3 +217,77 @@ def test_a_cancelled_statement_of_a_durable_sleep_costs_a_recovery_not_the_workf
     assert effects == ["before"]
     assert [s.step_name for s in app.steps(handle.workflow_id)] == ["before" if not asynchronous else "abefore",
                                                                     "pgdurable.sleep"]
+
+
+def test_a_cancelled_checkpoint_of_a_transactional_step_is_not_the_steps_failure(
+        named_app: tuple[pgdurable.App, str], database_url: str, schema: str,
+        start_worker: Callable[..., Any]) -> None:
+    """The engine's own checkpoint statement inside a transactional step cancelled (statement_timeout,
+    pg_cancel_backend): the step's transaction rolls back and runs again, without using up the step's own
+    retry policy (here: a single attempt). Found by the chaos suite's cancelq scenario."""
+    app, name = named_app
+    s = psycopg.sql.Identifier(schema)
+
+    @app.transaction(max_attempts=1)
+    def pay(conn: psycopg.Connection[Any], order: int) -> int:
+        conn.execute(psycopg.sql.SQL("INSERT INTO {}.payments VALUES (%s)").format(s), (order,))
+        return order
+
+    @app.workflow()
+    def checkout(order: int) -> int:
+        return pay(order)
+
+    app.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE TABLE {}.payments (order_id integer NOT NULL)").format(s))
+        conn.execute(psycopg.sql.SQL("CREATE SEQUENCE {}.checkpoints").format(s))
+        conn.execute(psycopg.sql.SQL(  # the first checkpoint sleeps in the server, to be cancelled there
+            "CREATE FUNCTION {s}.slow_first_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "  IF nextval({seq}::regclass) = 1 THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$"
+        ).format(s=s, seq=psycopg.sql.Literal(f"{schema}.checkpoints")))
+        conn.execute(psycopg.sql.SQL("CREATE TRIGGER slow_first_checkpoint BEFORE INSERT ON {s}.operation_outputs "
+                                     "FOR EACH ROW EXECUTE FUNCTION {s}.slow_first_checkpoint()").format(s=s))
+    start_worker(app)
+    handle = app.enqueue(checkout, 7)
+
+    def cancel_the_checkpoint() -> bool:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute("SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity "
+                               "WHERE application_name = %s AND wait_event = 'PgSleep'", (name,)).fetchone()
+        return bool(row and row[0])
+
+    wait_for(cancel_the_checkpoint, 20, "the checkpoint to be running, then cancelled")
+    assert handle.result(timeout=30) == 7
+    with psycopg.connect(database_url) as conn:
+        paid = conn.execute(psycopg.sql.SQL("SELECT order_id FROM {}.payments").format(s)).fetchall()
+    assert paid == [(7,)]  # the cancelled try rolled back with its checkpoint; the retry committed once
+    [step] = app.steps(handle.workflow_id)
+    assert step.step_name == "pay" and step.error is None
+
+
+def test_a_timed_out_sync_workflow_stuck_in_a_step_gives_its_slot_back(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    """Python cannot stop a thread: a sync step that hangs keeps running after its workflow timed out, but the
+    worker no longer counts it against its concurrency. Found by the chaos suite's hang scenario."""
+    release = threading.Event()
+
+    @app.step()
+    def hang() -> None:
+        release.wait(60)
+
+    @app.workflow(timeout_seconds=1.0)
+    def stuck() -> None:
+        hang()
+
+    @app.workflow()
+    def quick() -> str:
+        return "ran"
+
+    runner = start_worker(app, concurrency=1)
+    try:
+        with pytest.raises(pgdurable.WorkflowTimeout):
+            app.enqueue(stuck).result(timeout=15)
+        assert app.enqueue(quick).result(timeout=15) == "ran"  # the only slot was given back
+        assert runner.worker.busy_threads == 1  # the hung step is still in its thread
+    finally:
+        release.set()

@@ -44,6 +44,11 @@ class _Fenced(Exception):
     """The checkpoint was refused: this worker no longer owns the attempt. Rolls the transaction back."""
 
 
+class _CheckpointCanceled(Exception):
+    """The engine's own checkpoint statement was cancelled (statement_timeout, pg_cancel_backend): not the
+    step's failure, so it never counts against the step's retry policy."""
+
+
 class TransactionRun(StepRun):
     """A transactional step's call: conflicts between transactions retry on a budget of their own, and so does
     a lost database connection."""
@@ -60,7 +65,7 @@ class TransactionRun(StepRun):
         if isinstance(exc, _CONFLICTS):
             self.conflicts += 1
             return float(min(0.01 * 2 ** (self.conflicts - 1), 1.0)) if self.conflicts < _CONFLICT_ATTEMPTS else None
-        if self.disconnected:
+        if self.disconnected or isinstance(exc, _CheckpointCanceled):
             return self._reconnect_delay(exc)
         return super().retry_delay(exc)
 
@@ -168,7 +173,10 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                             for statement, params in opening:
                                 await aconn.execute(statement, params)
                             value = await async_fn(handle, *args, **kwargs)
-                            cur = await aconn.execute(checkpoint, run.checkpoint_params(value))
+                            try:
+                                cur = await aconn.execute(checkpoint, run.checkpoint_params(value))
+                            except psycopg.errors.QueryCanceled as exc:
+                                raise _CheckpointCanceled(str(exc)) from exc
                             if not (row := await cur.fetchone()) or not row[0]:
                                 raise _Fenced
                         run.succeeded(value)
@@ -206,8 +214,11 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                             for statement, params in opening:
                                 sconn.execute(statement, params)
                             value = fn(handle, *args, **kwargs)
-                            if not (row := sconn.execute(checkpoint, run.checkpoint_params(value)).fetchone()) \
-                                    or not row[0]:
+                            try:
+                                row = sconn.execute(checkpoint, run.checkpoint_params(value)).fetchone()
+                            except psycopg.errors.QueryCanceled as exc:
+                                raise _CheckpointCanceled(str(exc)) from exc
+                            if not row or not row[0]:
                                 raise _Fenced
                         run.succeeded(value)
                     except _Fenced:

@@ -78,7 +78,9 @@ class Worker:
         self._batcher: WriteBatcher | None = None
         self._scheduler: Scheduler | None = None
         self._next_queue = 0
-        self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pgdurable-workflow")
+        # Twice the slots: a sync workflow given up while stuck in a step (lease lost, cancelled, timed out)
+        # frees its slot at once, but Python cannot stop its thread, which stays busy until the step returns.
+        self._threads = ThreadPoolExecutor(max_workers=2 * concurrency, thread_name_prefix="pgdurable-workflow")
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._stop_requests = 0
@@ -418,13 +420,21 @@ class Worker:
                 if owned.get(execution_id) != running.claimed.attempt and not running.context.lost:
                     self._abandon(running)
 
-    def _abandon(self, running: Running) -> None:
-        """Another worker took this execution over (or it was cancelled): stop it without writing."""
-        log.warning("execution %s attempt %d: lease lost, stopping it", running.claimed.id,
-                    running.claimed.attempt)
+    def _abandon(self, running: Running, why: str = "lease lost") -> None:
+        """Another worker took this execution over, or it was cancelled or timed out: stop it without writing."""
+        log.warning("execution %s attempt %d: %s, stopping it", running.claimed.id, running.claimed.attempt, why)
         running.context.lost = True
         if running.task is not None and running.claimed.name in self._async_names():
             running.task.cancel()
+        elif self.running.get(running.claimed.id) is running:
+            # A sync workflow stops at its next checkpoint, which may be far away (a hung step): its thread
+            # runs on, but it no longer holds a slot here.
+            del self.running[running.claimed.id]
+            self._wake.set()
+            if self._busy_threads > self.concurrency:
+                log.warning("worker %s: %d workflow threads are busy for %d slots: steps that were given up "
+                            "are still running; past %d, new sync workflows wait for a thread", self.id,
+                            self._busy_threads, self.concurrency, 2 * self.concurrency)
 
     def _suspended(self, wake_at: Any) -> None:
         """A workflow of ours suspended until ``wake_at``: make sure the timer looks by then."""
@@ -515,7 +525,7 @@ class Worker:
                             if self._scheduler is not None:
                                 self._scheduler.wake()
                         elif (running := self.running.get(notice.payload)) is not None and not running.context.lost:
-                            self._abandon(running)  # cancelled or timed out: stop now, not at the next heartbeat
+                            self._abandon(running, "cancelled or timed out")  # now, not at the next heartbeat
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

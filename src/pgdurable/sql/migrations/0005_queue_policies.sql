@@ -177,8 +177,11 @@ BEGIN
         FROM numbered
         WHERE s.queue = queue_name AND s.kind = 'run' AND s.slot = run_slots[numbered.n]
     ), used AS (
+        -- The slot's use is stamped after the claim's own started_at (both clock times), and a slot is
+        -- reused only a full period after it by the transaction start of a later claim: any two starts
+        -- through one slot are at least a period apart.
         UPDATE queue_slots s
-        SET used_at = now()
+        SET used_at = clock_timestamp()
         FROM numbered
         WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
     )
