@@ -551,7 +551,7 @@ def cleanup(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count what would be deleted.")] = False,
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
-    """Delete finished executions and their step outputs, in small batches that never block workers."""
+    """Delete finished executions with their steps, messages and events, in batches that never block workers."""
     import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -581,13 +581,15 @@ def cleanup(
         raise typer.Exit(2) from None
     if as_json:
         key = "would_delete" if dry_run else "deleted"
-        print(json.dumps({key: result.executions, "steps_deleted": result.steps, "dry_run": dry_run,
-                          "older_than_seconds": age.total_seconds(), "statuses": statuses}))
+        print(json.dumps({key: result.executions, "steps_deleted": result.steps,
+                          "messages_deleted": result.messages, "events_deleted": result.events,
+                          "dry_run": dry_run, "older_than_seconds": age.total_seconds(), "statuses": statuses}))
     elif dry_run:
         console.print(f"would delete {result.executions:,} executions ({', '.join(statuses)}) "
                       f"older than {older_than}")
     else:
-        console.print(f"deleted {result.executions:,} executions and {result.steps:,} step outputs")
+        extra = f" ({result.messages:,} messages, {result.events:,} events)" if result.messages or result.events else ""
+        console.print(f"deleted {result.executions:,} executions and {result.steps:,} step outputs{extra}")
 
 
 @cli.command(epilog=_DASHBOARD_EPILOG)
