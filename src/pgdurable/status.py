@@ -131,13 +131,13 @@ def render(report: Report, console: Console) -> None:
         head += f" · PostgreSQL {server.version} · database {_size(server.database_bytes)}"
     console.print(head, highlight=False)
     if report.queues:
-        queues = Table("queue", "ready", "waiting", "running", "oldest ready", "live workers", title="Queues")
+        queues = Table("queue", "ready", "waiting", "running", "oldest ready", "workers", title="Queues")
         for q in report.queues:
             ready = str(q.ready) + (f" (+{q.delayed} later)" if q.delayed else "")
+            # by wait_reason: delay, sleep, recv (a message), children
             waiting = str(q.waiting)
             if q.waiting_for:
-                kinds = (f"{n} {monitoring.WAIT_KINDS.get(kind, kind)}" for kind, n in q.waiting_for.items())
-                waiting += " (" + ", ".join(kinds) + ")"
+                waiting += " (" + ", ".join(f"{n} {kind}" for kind, n in q.waiting_for.items()) + ")"
             queues.add_row(Text(q.queue), ready, waiting, str(q.running), _age(q.oldest_ready_seconds),
                            str(q.live_workers))
         console.print(queues)

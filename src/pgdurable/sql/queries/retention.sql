@@ -5,7 +5,8 @@
 -- which must be finished -- checked here too, so an unfinished (enqueued, waiting, running) execution is
 -- never deleted whatever a caller passes -- created and finished before the cutoff, and not the child of
 -- an unfinished parent (a parent waiting on its children reads their outcomes; a deleted child would fail
--- it).
+-- it). The parent is looked up by primary key, per candidate that has one (a correlated subquery: NOT
+-- EXISTS could be planned as an anti join over every unfinished execution).
 
 -- name: cleanup_cutoff
 -- The cutoff on database time, computed once per run so that the count and every batch agree.
@@ -18,8 +19,9 @@ WHERE e.created_at < %(cutoff)s
   AND coalesce(e.completed_at, e.updated_at) < %(cutoff)s
   AND e.status = ANY (%(statuses)s)
   AND e.status IN ('succeeded', 'failed', 'cancelled')
-  AND NOT EXISTS (SELECT 1 FROM workflow_executions p
-                  WHERE p.id = e.parent_id AND p.status IN ('enqueued', 'waiting', 'running'));
+  AND (e.parent_id IS NULL
+       OR NOT coalesce((SELECT p.status IN ('enqueued', 'waiting', 'running')
+                        FROM workflow_executions p WHERE p.id = e.parent_id), false));
 
 -- name: cleanup_batch
 -- One batch, one short transaction: take up to %(limit)s deletable executions, oldest first along the
@@ -34,8 +36,9 @@ WITH doomed AS (
       AND coalesce(e.completed_at, e.updated_at) < %(cutoff)s
       AND e.status = ANY (%(statuses)s)
       AND e.status IN ('succeeded', 'failed', 'cancelled')
-      AND NOT EXISTS (SELECT 1 FROM workflow_executions p
-                      WHERE p.id = e.parent_id AND p.status IN ('enqueued', 'waiting', 'running'))
+      AND (e.parent_id IS NULL
+           OR NOT coalesce((SELECT p.status IN ('enqueued', 'waiting', 'running')
+                            FROM workflow_executions p WHERE p.id = e.parent_id), false))
     ORDER BY e.created_at
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
