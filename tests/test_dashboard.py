@@ -330,7 +330,7 @@ def test_workflow_page_shows_waits_children_events_and_messages(app: pgdurable.A
     assert "<dt>waiting for</dt><dd>a message on topic &#39;go&#39;</dd>" in child_page
     assert re.search(r'<dt>parent</dt><dd><a class="mono" href="/workflow\?id=fan-1" title="fan-1">fan-1</a> '
                      r'<span class="badge st-waiting">waiting</span>', child_page)
-    assert "1 received or sent · 1 not yet received" in child_page
+    assert "1 sent · 1 not yet received" in child_page
     assert '<td class="mono">other</td>' in child_page and 'class="chip chip-warn">not yet<' in child_page
 
     listed = c.get("/workflows", params={"parent": "fan-1"}).text
@@ -342,7 +342,7 @@ def test_workflow_page_shows_waits_children_events_and_messages(app: pgdurable.A
     app.send(waiting_child, {"n": 7}, topic="go")
     assert handle.result(timeout=15) == [0, 7, 2]
     child_page = c.get("/workflow", params={"id": waiting_child}).text
-    assert "2 received or sent · 1 not yet received" in child_page
+    assert "2 sent · 1 not yet received" in child_page
     assert re.search(r"by step <a href=\"#step-\d+\">\d+</a>", child_page)  # the receive that consumed it
     parent = c.get("/workflow", params={"id": "fan-1"}).text
     assert re.search(r'status=succeeded"><span class="badge st-succeeded">succeeded</span> 3</a>', parent)
