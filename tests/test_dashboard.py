@@ -109,7 +109,7 @@ def test_overview_shows_counts_queues_workers_and_chart(app: pgdurable.App,
     assert queue_row is not None
     cells = re.findall(r'<td class="num[^"]*">(.*?)</td>', queue_row.group(1), re.S)
     assert cells[0] == "0"  # ready
-    assert ">1</a>" in cells[1] and "1 delayed start" in cells[1]  # waiting, and for what
+    assert ">1</a>" in cells[1] and "1 delayed" in cells[1]  # waiting, and for what
     assert re.search(r"<title>\d\d:\d\d UTC: 3 succeeded, 1 failed</title>", text)
     assert "No live worker can run these" not in text
 

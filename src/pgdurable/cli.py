@@ -500,7 +500,8 @@ def demo(
 _STATUS_EPILOG = (
     "Examples:\n\n  pgdurable status\n\n  pgdurable status --json | jq .queues\n\n"
     "Exit codes: 0 healthy; 1 something needs attention (enqueued work no live worker can run, expired leases "
-    "nobody sweeps, a schema to migrate, vacuum falling behind); 2 the database cannot be reached.")
+    "nobody sweeps, waiting work past its wake-up time, a schema to migrate, vacuum falling behind); 2 the "
+    "database cannot be reached.")
 _CLEANUP_EPILOG = (
     "Examples:\n\n  pgdurable cleanup --older-than 30d\n\n"
     "  pgdurable cleanup --older-than 7d --status failed,cancelled --dry-run\n\n"
@@ -517,7 +518,7 @@ _DASHBOARD_EPILOG = (
 
 @cli.command(epilog=_STATUS_EPILOG)
 def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
-    """Queues, live workers, stuck work and database health, with an exit code for scripts."""
+    """Queues (ready, waiting, running), live workers, stuck work and database health, with an exit code."""
     import psycopg
 
     from . import status as health
