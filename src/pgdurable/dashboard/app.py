@@ -219,8 +219,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             "timeline": views.timeline(detail, steps, now), "extras": views.detail_extras(detail),
             "notice": _NOTICES.get(request.query_params.get("notice", "")),
             "refresh": WORKFLOW_REFRESH, "live_url": views.url("/workflow", id=workflow_id, fragment=1),
-            "step_limit": monitoring.MAX_STEPS, "child_limit": monitoring.MAX_CHILDREN,
-            "count_cap": monitoring.COUNT_CAP,
+            "step_limit": monitoring.MAX_STEPS, "count_cap": monitoring.COUNT_CAP,
         }
         return render(request, "_workflow.html" if fragment(request) else "workflow.html", context)
 
