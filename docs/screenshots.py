@@ -2,8 +2,8 @@
 
     PGDURABLE_DATABASE_URL=postgresql://... python docs/screenshots.py [OUTPUT_DIR]
 
-Runs a small shop workload (retries, a failure with its traceback, delayed and running executions, a
-history over the last hour) in a throwaway schema, serves the dashboard and captures the overview and a
+Runs a small shop workload (retries, a failure with its traceback, events, delayed, waiting and running
+executions, a history over the last hour) in a throwaway schema, serves the dashboard and captures the overview and a
 workflow page. Writes docs/img/ by default; the schema is dropped afterwards.
 """
 
@@ -63,8 +63,20 @@ def build(url: str, schema: str) -> tuple[pgdurable.App, list[str]]:
     def checkout(order_id: int, items: list[str], cents: int) -> dict[str, object]:
         reserve_stock(order_id, items)
         charge = charge_card(order_id, cents)
+        pgdurable.set_event("stage", "paid")
         send_receipt(order_id, charge)
-        return {"order_id": order_id, "charge": charge, "tracking": ship(order_id)}
+        tracking = ship(order_id)
+        pgdurable.set_event("stage", {"shipped": tracking})
+        return {"order_id": order_id, "charge": charge, "tracking": tracking}
+
+    @app.workflow(queue="orders")
+    def refund_approval(order_id: int) -> bool:
+        decision = pgdurable.recv("approval", timeout=2 * 86400)  # waits for a person
+        return bool(decision and decision.get("ok"))
+
+    @app.workflow(queue="emails")
+    def follow_up(order_id: int) -> None:
+        pgdurable.sleep(3 * 86400)
 
     @app.workflow(queue="reports")
     def nightly_report(day: str) -> int:
@@ -88,6 +100,10 @@ def build(url: str, schema: str) -> tuple[pgdurable.App, list[str]]:
     app.enqueue(nightly_report, day="2026-11-29", workflow_id="report-2026-11-29", delay=3600)
     for n in range(3):
         app.enqueue(checkout, order_id=2000 + n, items=["sku-5"], cents=500, delay=900 + n)
+    for n in range(4):
+        app.enqueue(refund_approval, order_id=1040 + n, workflow_id=f"refund-{1040 + n}")
+    for n in range(2):
+        app.enqueue(follow_up, order_id=1044 + n)
     return app, ids
 
 
@@ -122,6 +138,10 @@ def main() -> None:
         for workflow_id in ids:
             with contextlib.suppress(pgdurable.WorkflowFailed):  # order-1042 fails on purpose
                 app.handle(workflow_id).result(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(app.handle(f"refund-{1040 + n}").status() != "waiting"
+                                                  for n in range(4)):
+            time.sleep(0.2)
         history(url, schema)
         with running(create_app(app, token="screenshots")) as base, browser() as chromium:
             laptop = chromium.new_page(viewport={"width": 1280, "height": 860}, device_scale_factor=1)

@@ -77,7 +77,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
 
     start_worker(app)
     app.enqueue(fulfil, 7, workflow_id="order-7").result(timeout=10)
-    app.enqueue(fulfil, 8, workflow_id="order-8", delay=3600)  # waits: something to cancel
+    app.enqueue(fulfil, 8, workflow_id="order-8", delay=3600)  # waiting for its delayed start: to cancel
     # Hostile strings must stay text in a real browser too (the CSP would also stop them).
     app.enqueue("<img src=x onerror=\"window.__xss=1\">", workflow_id="<script>window.__xss=2</script>",
                 queue="nobody")
@@ -103,13 +103,27 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         assert "parcel of 2" in page.locator("#step-2 .step-body").inner_text()
         page.screenshot(path=str(SHOTS / "workflow.png"), full_page=True)
 
+        # Fork from step 1 (pack): a new execution that reuses pick's output.
+        page.select_option("select[name=from_step]", "1")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#fork-button")
+        page.wait_for_selector(".notice >> text=Forked")
+        forked_id = page.locator(".wf-id").inner_text()
+        assert forked_id != "order-7"
+        assert app.handle(forked_id).result(timeout=10) == "parcel of 2"
+        page.wait_for_selector(".wf-head .badge.st-succeeded")  # the page follows it live
+        assert page.locator("dt:text-is('forked from') + dd a").inner_text() == "order-7"
+        page.click("#step-0 summary")
+        assert "copied from order-7" in page.locator("#step-0 .step-body").inner_text()
+
         page.goto(f"{base}/workflow?id=order-8")
-        assert page.locator(".wf-head .badge").inner_text() == "enqueued"
+        assert page.locator(".wf-head .badge").inner_text() == "waiting"
+        assert page.locator("dt:text-is('waiting for') + dd").inner_text() == "its delayed start"
         # Dismissing the confirmation changes nothing; accepting it cancels.
         page.once("dialog", lambda dialog: dialog.dismiss())
         page.click("#cancel-button")
         page.wait_for_timeout(300)
-        assert app.get("order-8").status == "enqueued"  # type: ignore[union-attr]
+        assert app.get("order-8").status == "waiting"  # type: ignore[union-attr]
         questions: list[str] = []
 
         def accept(dialog: Any) -> None:
@@ -159,10 +173,10 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
         assert page.locator("#live .live-text").inner_text() == "finished"
 
         page.goto(f"{base}/")
-        app.enqueue(waits, workflow_id="live-2", delay=3600)
-        enqueued = page.locator(".card", has=page.locator(".badge.st-enqueued")).locator(".card-value")
+        app.enqueue(waits, workflow_id="live-2", delay=3600)  # a delayed start: counted as waiting
+        waiting = page.locator(".card", has=page.locator(".badge.st-waiting")).locator(".card-value")
         # (polled from Python: the CSP forbids the eval that page.wait_for_function would need)
-        wait_for(lambda: enqueued.inner_text().strip() == "1", 12, "the overview to count the new execution")
+        wait_for(lambda: waiting.inner_text().strip() == "1", 12, "the overview to count the new execution")
 
 
 def test_a_phone_sized_screen(app: pgdurable.App, chromium: Any) -> None:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import pgdurable
 from pgdurable import retention
 from pgdurable.cli import cli
+from pgdurable.sqlfiles import query
 
 from .harness import wait_for
 
@@ -89,25 +90,127 @@ def test_cleanup_deletes_old_finished_executions_and_their_steps_only(
         app.enqueue(job, -1, workflow_id="bad-0").result(timeout=10)
     app.enqueue(job, 5, workflow_id="cancelled-0", delay=3600)
     app.cancel("cancelled-0")
-    app.enqueue(job, 6, workflow_id="waiting-0", delay=3600)
+    app.enqueue(job, 6, workflow_id="waiting-0", delay=3600)  # waiting for its delayed start
+    app.enqueue(job, 8, workflow_id="enqueued-0", queue="idle")  # enqueued where no worker serves
     running = app.enqueue(long, workflow_id="running-0")
     wait_for(lambda: running.status() == "running" and len(app.steps("running-0")) == 1, 10, "long to run")
     fresh = app.enqueue(job, 7, workflow_id="fresh-0")
     fresh.result(timeout=10)
-    everything_old = [f"ok-{n}" for n in range(4)] + ["bad-0", "cancelled-0", "waiting-0", "running-0"]
+    everything_old = [f"ok-{n}" for n in range(4)] + ["bad-0", "cancelled-0", "waiting-0", "enqueued-0",
+                                                      "running-0"]
     age(db, everything_old, days=40)
 
     try:
         assert retention.cleanup(app.db, timedelta(days=30), dry_run=True).executions == 6
         assert app.cleanup(timedelta(days=30)) == 6
         left = {row[0]: row[1] for row in db.execute("SELECT id, status FROM workflow_executions")}
-        assert left == {"waiting-0": "enqueued", "running-0": "running", "fresh-0": "succeeded"}
+        assert left == {"waiting-0": "waiting", "enqueued-0": "enqueued", "running-0": "running",
+                        "fresh-0": "succeeded"}
         steps = {row[0] for row in db.execute("SELECT DISTINCT execution_id FROM operation_outputs")}
         assert steps == {"running-0", "fresh-0"}
         assert app.cleanup(timedelta(days=30)) == 0
     finally:
         gate.set()
     running.result(timeout=10)  # the running one was untouched and finishes
+
+
+def messages_and_events(db: psycopg.Connection[Any], ids: list[str], messages: int, events: int) -> None:
+    """``messages`` messages sent to each execution (the first consumed) and ``events`` event values of each."""
+    db.execute("INSERT INTO workflow_messages (destination_id, topic, message, consumed_at) SELECT id, 't', '1',"
+               " CASE WHEN n = 1 THEN now() END FROM unnest(%s::text[]) AS id, generate_series(1, %s) AS n",
+               (ids, messages))
+    db.execute("INSERT INTO workflow_events (execution_id, key, step_id, value) SELECT id, 'k', s, '1'"
+               " FROM unnest(%s::text[]) AS id, generate_series(0, %s - 1) AS s", (ids, events))
+
+
+def owned(db: psycopg.Connection[Any], table: str, prefix: str) -> int:
+    column = "destination_id" if table == "workflow_messages" else "execution_id"
+    row = db.execute(sql.SQL("SELECT count(*) FROM {} WHERE starts_with({}, %s)").format(
+        sql.Identifier(table), sql.Identifier(column)), (prefix,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_messages_and_events_go_in_the_same_batch_as_their_execution(app: pgdurable.App,
+                                                                     db: psycopg.Connection[Any]) -> None:
+    old = finished_rows(db, "m", 3)
+    recent = finished_rows(db, "recent", 1, days=1)
+    messages_and_events(db, old + recent, messages=2, events=3)
+    batches: list[retention.Deleted] = []
+    total = retention.cleanup(app.db, timedelta(days=30), batch_size=2, on_batch=batches.append)
+    assert batches == [retention.Deleted(2, 2, 4, 6), retention.Deleted(1, 1, 2, 3)]
+    assert total == retention.Deleted(3, 3, 6, 9)
+    for table in ("workflow_messages", "workflow_events"):
+        assert owned(db, table, "m-") == 0
+        assert owned(db, table, "recent-") > 0
+    shown = _cli(app.db.conninfo, app.schema, "cleanup", "--older-than", "12h", "--json")
+    assert json.loads(shown.output)["messages_deleted"] == 2 and json.loads(shown.output)["events_deleted"] == 3
+
+
+def test_what_real_workflows_leave_is_deleted_and_waiting_ones_keep_theirs(
+        app: pgdurable.App, db: psycopg.Connection[Any], start_worker: Callable[..., Any]) -> None:
+    @app.workflow()
+    def talker() -> Any:
+        pgdurable.set_event("progress", 50)
+        got = pgdurable.recv("in")
+        pgdurable.set_event("progress", 100)
+        return got
+
+    start_worker(app)
+    done, waiting = app.enqueue(talker, workflow_id="done-0"), app.enqueue(talker, workflow_id="waiting-1")
+    wait_for(lambda: done.status() == waiting.status() == "waiting", 10, "both to wait for a message")
+    app.send("done-0", {"hi": 1}, topic="in")
+    app.send("done-0", "never read", topic="elsewhere")
+    app.send("waiting-1", "not this topic", topic="elsewhere")
+    assert done.result(timeout=10) == {"hi": 1}
+    age(db, ["done-0", "waiting-1"], days=40)
+    assert owned(db, "workflow_messages", "done-0") == 2 and owned(db, "workflow_events", "done-0") == 2
+
+    assert retention.cleanup(app.db, timedelta(days=30)) == retention.Deleted(1, 4, 2, 2)
+    assert owned(db, "workflow_messages", "done-0") == owned(db, "workflow_events", "done-0") == 0
+    assert app.get("waiting-1").status == "waiting"  # type: ignore[union-attr]
+    assert [m.message for m in app.messages("waiting-1")] == ["not this topic"]
+    assert [e.value for e in app.events("waiting-1")] == [50]
+    app.send("waiting-1", "now", topic="in")
+    assert waiting.result(timeout=10) == "now"  # it carried on untouched
+
+
+def test_unfinished_executions_and_children_of_unfinished_parents_are_kept(app: pgdurable.App,
+                                                                          db: psycopg.Connection[Any]) -> None:
+    for status in ("enqueued", "waiting", "running"):
+        db.execute("INSERT INTO workflow_executions (id, name, status, created_at, updated_at, completed_at,"
+                   " owner_id, lease_expires, wait_reason, parent_id) VALUES (%(s)s || '-parent', 'parent', %(s)s,"
+                   " now() - interval '40 days', now() - interval '40 days', now() - interval '40 days',"
+                   " CASE WHEN %(s)s = 'running' THEN 'w' END,"
+                   " CASE WHEN %(s)s = 'running' THEN now() + interval '1 hour' END,"
+                   " CASE WHEN %(s)s = 'waiting' THEN 'children' END, NULL)", {"s": status})
+    children = finished_rows(db, "child", 4)
+    db.execute("UPDATE workflow_executions SET parent_id = CASE id WHEN 'child-0' THEN 'enqueued-parent'"
+               " WHEN 'child-1' THEN 'waiting-parent' WHEN 'child-2' THEN 'running-parent'"
+               " ELSE 'gone-parent' END WHERE id = ANY (%s)", (children,))
+    cutoff = app.db.run(retention.cutoff(timedelta(days=30)))
+    # Even asked for directly (the statuses are checked before, and again in SQL), nothing unfinished goes.
+    assert app.db.run(retention.batch(cutoff, ["enqueued", "waiting", "running"], 100)).executions == 0
+    assert retention.cleanup(app.db, timedelta(days=30), dry_run=True).executions == 1
+    assert app.cleanup(timedelta(days=30)) == 1  # child-3: its parent is gone
+    left = {row[0] for row in db.execute("SELECT id FROM workflow_executions")}
+    assert left == {"enqueued-parent", "waiting-parent", "running-parent", "child-0", "child-1", "child-2"}
+    db.execute("UPDATE workflow_executions SET status = 'succeeded', owner_id = NULL, lease_expires = NULL"
+               " WHERE id LIKE '%%-parent'")
+    assert app.cleanup(timedelta(days=30)) == 6
+
+
+def test_a_batch_follows_indexes_on_large_tables(app: pgdurable.App, db: psycopg.Connection[Any]) -> None:
+    ids = finished_rows(db, "big", 20_000, steps=1)
+    messages_and_events(db, ids, messages=1, events=1)
+    db.execute("UPDATE workflow_executions SET parent_id = 'big-' || (random() * 100)::int WHERE random() < 0.5")
+    db.execute("ANALYZE workflow_executions, workflow_messages, workflow_events, operation_outputs")
+    cutoff = app.db.run(retention.cutoff(timedelta(days=30)))
+    call = retention.batch(cutoff, sorted(pgdurable.store.TERMINAL), 50)  # a batch: a small share of the rows
+    plan = "\n".join(row[0] for row in db.execute("EXPLAIN " + query(call.name), call.params))
+    assert "Seq Scan" not in plan, plan
+    assert "workflow_messages_idempotency" in plan and "workflow_events_pkey" in plan, plan
+    assert "workflow_executions_created_idx" in plan, plan
 
 
 def test_cleanup_by_status_and_age(app: pgdurable.App, db: psycopg.Connection[Any]) -> None:
@@ -200,8 +303,9 @@ def test_cli_cleanup(app: pgdurable.App, db: psycopg.Connection[Any], database_u
     assert count(db, "workflow_executions", "") == 9
 
     only = _cli(database_url, schema, "cleanup", "--older-than", "30d", "--status", "cancelled", "--json")
-    assert json.loads(only.output) == {"deleted": 2, "steps_deleted": 2, "dry_run": False,
-                                       "older_than_seconds": 30 * 86400.0, "statuses": ["cancelled"]}
+    assert json.loads(only.output) == {"deleted": 2, "steps_deleted": 2, "messages_deleted": 0,
+                                       "events_deleted": 0, "dry_run": False, "older_than_seconds": 30 * 86400.0,
+                                       "statuses": ["cancelled"]}
     shown = _cli(database_url, schema, "cleanup", "--older-than", "4w", "--batch-size", "3")
     assert shown.exit_code == 0, shown.output
     assert "deleted 7 executions and 7 step outputs" in shown.output

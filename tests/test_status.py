@@ -27,15 +27,16 @@ def test_healthy_status_shows_queues_workers_and_tables(app: pgdurable.App, data
 
     runner = start_worker(app)
     app.enqueue(send, "ada@example.com").result(timeout=10)
-    app.enqueue(send, "bob@example.com", delay=3600)
+    app.enqueue(send, "bob@example.com", delay=3600)  # waits for its delayed start
 
     result = _status(database_url, schema, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["healthy"] is True and report["exit_code"] == 0 and report["attention"] == []
     assert report["schema_version"] == report["latest_version"] == latest_version()
-    assert [(q["queue"], q["ready"], q["delayed"], q["running"], q["live_workers"]) for q in report["queues"]] == [
-        ("mail", 0, 1, 0, 1)]
+    assert [(q["queue"], q["ready"], q["delayed"], q["waiting"], q["running"], q["live_workers"], q["overdue"])
+            for q in report["queues"]] == [("mail", 0, 0, 1, 0, 1, 0)]
+    assert report["queues"][0]["waiting_for"] == {"delay": 1}
     assert [w["id"] for w in report["workers"] if w["alive"]] == [runner.worker.id]
     tables = {t["name"] for t in report["tables"]}
     assert {"workflow_executions", "operation_outputs", "workers", "schema_migrations"} <= tables
@@ -44,6 +45,7 @@ def test_healthy_status_shows_queues_workers_and_tables(app: pgdurable.App, data
     shown = _status(database_url, schema)
     assert shown.exit_code == 0, shown.output
     assert "healthy" in shown.output and "mail" in shown.output and "workflow_executions" in shown.output
+    assert "1 (1 delay)" in shown.output  # the waiting column, by wait reason
 
 
 def test_work_nobody_can_run_needs_attention(app: pgdurable.App, database_url: str, schema: str) -> None:
@@ -65,6 +67,29 @@ def test_expired_leases_nobody_sweeps_need_attention(app: pgdurable.App, databas
             sql.Identifier(schema)))
     report = json.loads(_status(database_url, schema, "--json").output)
     assert any("leases expired" in line for line in report["attention"]), report["attention"]
+
+
+def test_waiting_work_and_its_overdue_wake_ups(app: pgdurable.App, database_url: str, schema: str) -> None:
+    app.enqueue("sleeper", workflow_id="z-1", queue="naps", delay=3600)
+    app.enqueue("listener", workflow_id="z-2", queue="naps", delay=3600)
+    with psycopg.connect(database_url, autocommit=True) as db:
+        db.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        db.execute("UPDATE workflow_executions SET wait_reason = 'recv:approval', available_at = NULL "
+                   "WHERE id = 'z-2'")  # as a receive without a timeout leaves it
+        healthy = json.loads(_status(database_url, schema, "--json").output)
+        assert healthy["exit_code"] == 0 and healthy["attention"] == []
+        assert [(q["queue"], q["waiting"], q["waiting_for"]) for q in healthy["queues"]] == [
+            ("naps", 2, {"delay": 1, "recv": 1})]
+        # The wake-up time passed minutes ago and no worker's timer moved it: no worker is running.
+        db.execute("UPDATE workflow_executions SET available_at = now() - interval '5 minutes' WHERE id = 'z-1'")
+    result = _status(database_url, schema, "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["queues"][0]["overdue"] == 1
+    assert report["attention"] == ["queue naps: 1 waiting execution(s) due over a minute ago (is any worker "
+                                   "running? its timer wakes them)"]
+    shown = _status(database_url, schema)
+    assert shown.exit_code == 1 and "2 (1 delay, 1 recv)" in shown.output
 
 
 def test_missing_schema_and_unreachable_database(database_url: str, schema: str) -> None:

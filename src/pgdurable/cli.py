@@ -536,7 +536,8 @@ def demo(
 _STATUS_EPILOG = (
     "Examples:\n\n  pgdurable status\n\n  pgdurable status --json | jq .queues\n\n"
     "Exit codes: 0 healthy; 1 something needs attention (enqueued work no live worker can run, expired leases "
-    "nobody sweeps, a schema to migrate, vacuum falling behind); 2 the database cannot be reached.")
+    "nobody sweeps, waiting work past its wake-up time, a schema to migrate, vacuum falling behind); 2 the "
+    "database cannot be reached.")
 _CLEANUP_EPILOG = (
     "Examples:\n\n  pgdurable cleanup --older-than 30d\n\n"
     "  pgdurable cleanup --older-than 7d --status failed,cancelled --dry-run\n\n"
@@ -553,7 +554,7 @@ _DASHBOARD_EPILOG = (
 
 @cli.command(epilog=_STATUS_EPILOG)
 def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
-    """Queues, live workers, stuck work and database health, with an exit code for scripts."""
+    """Queues (ready, waiting, running), live workers, stuck work and database health, with an exit code."""
     import psycopg
 
     from . import status as health
@@ -587,7 +588,7 @@ def cleanup(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count what would be deleted.")] = False,
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
-    """Delete finished executions and their step outputs, in small batches that never block workers."""
+    """Delete finished executions with their steps, messages and events, in batches that never block workers."""
     import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -617,13 +618,15 @@ def cleanup(
         raise typer.Exit(2) from None
     if as_json:
         key = "would_delete" if dry_run else "deleted"
-        print(json.dumps({key: result.executions, "steps_deleted": result.steps, "dry_run": dry_run,
-                          "older_than_seconds": age.total_seconds(), "statuses": statuses}))
+        print(json.dumps({key: result.executions, "steps_deleted": result.steps,
+                          "messages_deleted": result.messages, "events_deleted": result.events,
+                          "dry_run": dry_run, "older_than_seconds": age.total_seconds(), "statuses": statuses}))
     elif dry_run:
         console.print(f"would delete {result.executions:,} executions ({', '.join(statuses)}) "
                       f"older than {older_than}")
     else:
-        console.print(f"deleted {result.executions:,} executions and {result.steps:,} step outputs")
+        extra = f" ({result.messages:,} messages, {result.events:,} events)" if result.messages or result.events else ""
+        console.print(f"deleted {result.executions:,} executions and {result.steps:,} step outputs{extra}")
 
 
 @cli.command(epilog=_DASHBOARD_EPILOG)

@@ -1,6 +1,6 @@
 """Read models of the engine's state for operators: queues, workers, outcomes over time, pages of executions,
-one execution with its steps, table health. Used by the dashboard and ``pgdurable status``; every statement
-is a named query in ``sql/queries/dashboard.sql``.
+one execution with its steps, children, events and messages, schedules, table health. Used by the dashboard
+and ``pgdurable status``; every statement is a named query in ``sql/queries/dashboard.sql``.
 
 Executions and steps are read as JSON objects of their columns, so columns added by later migrations
 (parent, deadline, version...) reach the views without a change here.
@@ -21,6 +21,11 @@ Rows = store.Rows
 PAYLOAD_PREVIEW = 64 * 1024
 STEP_PREVIEW = 4 * 1024
 MAX_STEPS = 2000
+# What hangs off one execution is listed up to these many rows, and counted up to COUNT_CAP.
+MAX_CHILDREN, MAX_MESSAGES, MAX_EVENTS = 100, 100, 200
+COUNT_CAP = 10_000
+# What a waiting execution waits for, by its wait_reason ('recv:<topic>': a message), in a few words.
+WAIT_KINDS = {"delay": "delayed", "sleep": "sleeping", "recv": "receiving", "children": "on children"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,15 @@ class QueueStats:
     stale: int
     oldest_ready_seconds: float | None
     live_workers: int
+    # status 'waiting' (suspended: holds no worker slot), in all, and by what it waits for (WAIT_KINDS)
+    waiting: int = 0
+    waiting_for: dict[str, int] = field(default_factory=dict)
+    # waiting executions whose wake-up time passed a while ago: no worker's timer is running
+    overdue: int = 0
+
+    @property
+    def enqueued(self) -> int:
+        return self.ready + self.delayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +60,7 @@ class WorkerInfo:
     started_at: datetime
     heartbeat_at: datetime
     alive: bool
+    app_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,7 @@ class ListedExecution:
     completed_at: datetime | None
     error_type: str | None
     error_message: str | None
+    wait_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +104,8 @@ class ExecutionDetail:
     fields: dict[str, Any]
     output: Payload | None
     error: dict[str, Any] | None
+    parent_name: str | None = None
+    parent_status: str | None = None
 
     @property
     def id(self) -> str:
@@ -124,6 +142,91 @@ class StepDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class Child:
+    id: str
+    name: str
+    status: str
+    wait_reason: str | None
+    available_at: datetime | None
+    created_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Children:
+    """The first children (``MAX_CHILDREN``) and counts by status; ``capped``: there are at least
+    ``COUNT_CAP`` children, and the counts are of that many."""
+
+    shown: list[Child]
+    by_status: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+    @property
+    def capped(self) -> bool:
+        return self.total >= COUNT_CAP
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    id: int
+    topic: str
+    message: Payload
+    idempotency_key: str | None
+    created_at: datetime
+    consumed_at: datetime | None
+    consumed_by_step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    """The newest messages (``MAX_MESSAGES``), how many there are and how many wait to be received (both
+    counted up to ``COUNT_CAP``)."""
+
+    shown: list[MessageInfo]
+    total: int
+    pending: int
+
+    @property
+    def capped(self) -> bool:
+        return self.total >= COUNT_CAP
+
+
+@dataclass(frozen=True, slots=True)
+class EventValue:
+    key: str
+    step_id: int
+    value: Payload
+    created_at: datetime
+    # for a key's current value: how many values the key has had
+    versions: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    """Each key's current value, and the newest values of every key (newest first)."""
+
+    latest: list[EventValue]
+    history: list[EventValue]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    name: str
+    workflow_name: str
+    cron: str
+    timezone: str
+    queue: str
+    paused: bool
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None
+    last_error: str | None
+    catch_up: str
+
+
+@dataclass(frozen=True, slots=True)
 class TableStats:
     name: str
     total_bytes: int
@@ -150,6 +253,7 @@ class ListFilter:
     id_prefix: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +294,14 @@ def now() -> store.Call[datetime]:
 
 
 def queues(stale_seconds: float = 60.0) -> store.Call[list[QueueStats]]:
-    return store.Call("dash_queues", {"stale": stale_seconds},
-                      lambda rows: [QueueStats(*row) for row in rows])
+    def read(rows: Rows) -> list[QueueStats]:
+        found = []
+        for queue, ready, delayed, running, stale, oldest, workers, waiting, *by_kind, overdue in rows:
+            found.append(QueueStats(queue, ready, delayed, running, stale, oldest, workers, waiting, {
+                kind: n for kind, n in zip(WAIT_KINDS, by_kind, strict=True) if n}, overdue))
+        return found
+
+    return store.Call("dash_queues", {"stale": stale_seconds}, read)
 
 
 def workers() -> store.Call[list[WorkerInfo]]:
@@ -239,6 +349,7 @@ def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = No
     params: dict[str, Any] = {
         "status": where.status, "name": where.name, "queue": where.queue, "prefix": where.id_prefix,
         "since": where.since or "-infinity", "until": where.until or "infinity", "limit": limit,
+        "parent": where.parent,
     }
     if newer_than is not None:
         params["at"], params["id"] = newer_than
@@ -256,9 +367,9 @@ def execution(workflow_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Ex
     def read(rows: Rows) -> ExecutionDetail | None:
         if not rows:
             return None
-        fields, output, size, error = rows[0]
+        fields, output, size, error, parent_name, parent_status = rows[0]
         return ExecutionDetail(_load(fields), Payload(output, size) if output is not None else None,
-                               _json_object(error))
+                               _json_object(error), parent_name, parent_status)
 
     return store.Call("dash_execution", {"id": workflow_id, "max": preview}, read)
 
@@ -281,6 +392,51 @@ def steps(workflow_id: str, preview: int = STEP_PREVIEW, limit: int = MAX_STEPS)
                            _json_object(error)) for fields, output, size, error in rows]
 
     return store.Call("dash_steps", {"id": workflow_id, "max": preview, "limit": limit}, read)
+
+
+def children_counts(workflow_id: str, cap: int = COUNT_CAP) -> store.Call[dict[str, int]]:
+    return store.Call("dash_children_counts", {"id": workflow_id, "cap": cap},
+                      lambda rows: {status: int(n) for status, n in rows})
+
+
+def children(workflow_id: str, limit: int = MAX_CHILDREN, cap: int = COUNT_CAP) -> store.Call[list[Child]]:
+    return store.Call("dash_children", {"id": workflow_id, "limit": limit, "cap": cap},
+                      lambda rows: [Child(*row) for row in rows])
+
+
+def message_counts(workflow_id: str, cap: int = COUNT_CAP) -> store.Call[tuple[int, int]]:
+    return store.Call("dash_message_counts", {"id": workflow_id, "cap": cap},
+                      lambda rows: (int(rows[0][0]), int(rows[0][1])))
+
+
+def messages(workflow_id: str, limit: int = MAX_MESSAGES, preview: int = STEP_PREVIEW,
+             cap: int = COUNT_CAP) -> store.Call[list[MessageInfo]]:
+    def read(rows: Rows) -> list[MessageInfo]:
+        return [MessageInfo(id, topic, Payload(text, size), key, created, consumed, step)
+                for id, topic, text, size, key, created, consumed, step in rows]
+
+    return store.Call("dash_messages", {"id": workflow_id, "limit": limit, "max": preview, "cap": cap}, read)
+
+
+def events_latest(workflow_id: str, limit: int = MAX_EVENTS,
+                  preview: int = STEP_PREVIEW) -> store.Call[list[EventValue]]:
+    def read(rows: Rows) -> list[EventValue]:
+        return [EventValue(key, step, Payload(text, size), created, int(versions))
+                for key, step, text, size, created, versions in reversed(rows)]
+
+    return store.Call("dash_events_latest", {"id": workflow_id, "limit": limit, "max": preview}, read)
+
+
+def events_history(workflow_id: str, limit: int = MAX_EVENTS,
+                   preview: int = STEP_PREVIEW) -> store.Call[list[EventValue]]:
+    def read(rows: Rows) -> list[EventValue]:
+        return [EventValue(key, step, Payload(text, size), created) for key, step, text, size, created in rows]
+
+    return store.Call("dash_events_history", {"id": workflow_id, "limit": limit, "max": preview}, read)
+
+
+def schedules(limit: int = 500) -> store.Call[list[ScheduleInfo]]:
+    return store.Call("dash_schedules", {"limit": limit}, lambda rows: [ScheduleInfo(*row) for row in rows])
 
 
 def known_names() -> store.Call[list[str]]:

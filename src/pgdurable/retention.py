@@ -1,4 +1,5 @@
-"""Retention: delete finished executions (and their step outputs) older than a cutoff, in small batches.
+"""Retention: delete finished executions (with their step outputs, messages and events) older than a cutoff,
+in small batches. Unfinished executions, and children whose parent is unfinished, are never deleted.
 
 Each batch is one statement in its own short transaction that skips locked rows, so a cleanup of millions
 of rows never holds locks for long and never waits on (or blocks) workers.
@@ -26,6 +27,8 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 class Deleted:
     executions: int
     steps: int
+    messages: int = 0
+    events: int = 0
 
 
 def parse_duration(text: str) -> timedelta:
@@ -68,16 +71,18 @@ def batch(cutoff: datetime, statuses: list[str], limit: int) -> store.Call[Delet
     if limit < 1:
         raise ValueError("batch size must be at least 1")
     return store.Call("cleanup_batch", {"cutoff": cutoff, "statuses": statuses, "limit": limit},
-                      lambda rows: Deleted(int(rows[0][0]), int(rows[0][1])))
+                      lambda rows: Deleted(*(int(n) for n in rows[0])))
 
 
 def cleanup(db: Database, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
             batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
             on_start: Callable[[int], None] | None = None,
             on_batch: Callable[[Deleted], None] | None = None) -> Deleted:
-    """Delete finished executions that were created and finished more than ``older_than`` ago.
+    """Delete finished executions that were created and finished more than ``older_than`` ago, with their
+    step outputs, the messages sent to them and the events they published. A child whose parent has not
+    finished is kept (the parent may still wait on it).
 
-    Returns the totals deleted (for ``dry_run``, the executions that would be, and 0 steps). ``on_start``
+    Returns the totals deleted (for ``dry_run``, the executions that would be, and 0 of the rest). ``on_start``
     receives how many executions match before the first batch; ``on_batch`` each batch's counts.
     """
     chosen = check_statuses(statuses)
@@ -90,12 +95,12 @@ def cleanup(db: Database, older_than: timedelta | float, statuses: Iterable[str]
             on_start(matching)
         if dry_run:
             return Deleted(matching, 0)
-    executions = steps = 0
+    total = Deleted(0, 0)
     while True:
         deleted = db.run(batch(limit, chosen, batch_size))
-        executions += deleted.executions
-        steps += deleted.steps
+        total = Deleted(total.executions + deleted.executions, total.steps + deleted.steps,
+                        total.messages + deleted.messages, total.events + deleted.events)
         if on_batch is not None:
             on_batch(deleted)
         if deleted.executions < batch_size:
-            return Deleted(executions, steps)
+            return total

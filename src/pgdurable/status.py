@@ -93,6 +93,9 @@ def attention(report: Report) -> list[str]:
         if q.stale:
             found.append(f"queue {q.queue}: {q.stale} running execution(s) with leases expired over a minute "
                          "ago (is any worker sweeping?)")
+        if q.overdue:
+            found.append(f"queue {q.queue}: {q.overdue} waiting execution(s) due over a minute ago "
+                         "(is any worker running? its timer wakes them)")
     for t in report.tables:
         if t.dead_tuples > _DEAD_MIN and t.dead_tuples > _DEAD_RATIO * max(t.live_tuples, 1):
             found.append(f"table {t.name}: {t.dead_tuples:,} dead tuples for {t.live_tuples:,} live "
@@ -128,10 +131,15 @@ def render(report: Report, console: Console) -> None:
         head += f" · PostgreSQL {server.version} · database {_size(server.database_bytes)}"
     console.print(head, highlight=False)
     if report.queues:
-        queues = Table("queue", "ready", "delayed", "running", "oldest ready", "live workers", title="Queues")
+        queues = Table("queue", "ready", "waiting", "running", "oldest ready", "workers", title="Queues")
         for q in report.queues:
-            queues.add_row(Text(q.queue), str(q.ready), str(q.delayed), str(q.running),
-                           _age(q.oldest_ready_seconds), str(q.live_workers))
+            ready = str(q.ready) + (f" (+{q.delayed} later)" if q.delayed else "")
+            # by wait_reason: delay, sleep, recv (a message), children
+            waiting = str(q.waiting)
+            if q.waiting_for:
+                waiting += " (" + ", ".join(f"{n} {kind}" for kind, n in q.waiting_for.items()) + ")"
+            queues.add_row(Text(q.queue), ready, waiting, str(q.running), _age(q.oldest_ready_seconds),
+                           str(q.live_workers))
         console.print(queues)
     live = [w for w in report.workers if w.alive]
     if report.workers:

@@ -24,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .. import monitoring, store
+from ..errors import WorkflowNotFound
 from . import views
 from .security import SESSION_COOKIE, Guard, GuardMiddleware, safe_next, same_origin, set_cookie
 
@@ -35,18 +36,19 @@ T = TypeVar("T")
 
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
 # Live regions refresh this often (milliseconds).
-OVERVIEW_REFRESH, LIST_REFRESH, WORKFLOW_REFRESH = 5000, 5000, 2000
+OVERVIEW_REFRESH, LIST_REFRESH, WORKFLOW_REFRESH, SCHEDULES_REFRESH = 5000, 5000, 2000, 10000
 OVERVIEW_CACHE_SECONDS = 2.0
 _WITHIN = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 _NOTICES = {
     "cancelled": "Cancelled. A running execution stops at its next step.",
     "resumed": "Resumed: enqueued again; completed steps are kept.",
-    "forked": "Forked: a new execution was started from the chosen step.",
+    "forked": "Forked: this new execution reuses the steps before the chosen one and runs from there.",
     "unchanged": "Nothing changed: the execution is no longer in a state that allows this.",
 }
 _FORM_LIMIT = 16 * 1024
 # Below this many executions the overview counts them exactly; above, it shows the planner's estimate.
 EXACT_COUNT_BELOW = 100_000
+SCHEDULE_LIMIT = 500
 
 
 class _Recent:
@@ -87,15 +89,12 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
     """
     guard = Guard(token, read_only)
     app = pgdurable_app
-    # Forking arrives with App.fork(workflow_id, from_step); until this App has it, the button is hidden.
-    fork: Callable[[str, int], Any] | None = getattr(app, "fork", None)
-    can_fork = callable(fork)
     environment = jinja2.Environment(loader=jinja2.PackageLoader("pgdurable.dashboard", "templates"),
                                      autoescape=True, undefined=jinja2.StrictUndefined)
     environment.filters.update(duration=views.duration, utc=views.utc, iso=views.iso, size=views.size,
                                status_class=views.status_class, json_html=views.json_html,
-                               as_text=views.as_text)
-    environment.globals.update(url=views.url, ago=views.ago, between=views.between)
+                               as_text=views.as_text, wait_text=views.wait_text)
+    environment.globals.update(url=views.url, ago=views.ago, between=views.between, wait_kinds=monitoring.WAIT_KINDS)
     templates = Jinja2Templates(env=environment)
 
     @contextlib.contextmanager
@@ -108,7 +107,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
     def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
         nonce = request.state.csrf_nonce
         base = {
-            "schema": app.schema, "guard": guard, "can_fork": can_fork and guard.actions_enabled,
+            "schema": app.schema, "guard": guard,
             "csrf": guard.csrf_token(nonce) if nonce else "", "path": request.url.path,
             "logged_in": guard.login_required and guard.authenticated(request),
         }
@@ -139,7 +138,8 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
                 stored = read(monitoring.count_capped(EXACT_COUNT_BELOW))
                 exact = stored < EXACT_COUNT_BELOW
         chart = views.outcome_chart(outcomes, now)
-        active = {"enqueued": sum(q.ready + q.delayed for q in queues), "running": sum(q.running for q in queues)}
+        active = {"enqueued": sum(q.enqueued for q in queues), "waiting": sum(q.waiting for q in queues),
+                  "running": sum(q.running for q in queues)}
         return {
             "now": now, "queues": queues, "workers": workers, "chart": chart, "active": active,
             "unrunnable": unrunnable, "unrunnable_count": unrunnable_count,
@@ -159,7 +159,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             since, until = _time_range(params, now, problems)
             where = monitoring.ListFilter(status=params.get("status") or None, name=params.get("name") or None,
                                           queue=params.get("queue") or None, id_prefix=search or None,
-                                          since=since, until=until)
+                                          since=since, until=until, parent=params.get("parent") or None)
             before, after = views.decode_cursor(params.get("before")), views.decode_cursor(params.get("after"))
             rows: list[monitoring.ListedExecution] = []
             has_newer = has_older = False
@@ -177,7 +177,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
                 has_newer = before is not None
             queues = read(monitoring.queues())
             names = read(monitoring.known_names())
-        filters = {k: params.get(k) for k in ("status", "name", "queue", "q", "within", "from", "to")}
+        filters = {k: params.get(k) for k in ("status", "name", "queue", "q", "within", "from", "to", "parent")}
         if limit != PAGE_SIZE:
             filters["limit"] = str(limit)
         cursor = {"before": params.get("before"), "after": params.get("after") if after is not None else None}
@@ -191,6 +191,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             "statuses": _statuses(), "queue_names": [q.queue for q in queues], "names": names,
             "refresh": LIST_REFRESH, "live_url": views.url("/workflows", **filters, **cursor, fragment=1),
             "within_options": list(_WITHIN),
+            "without_parent_url": views.url("/workflows", **{**filters, "parent": None}),
         }
         return render(request, "_workflows.html" if fragment(request) else "workflows.html", context)
 
@@ -203,15 +204,32 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
                 return render(request, "missing.html", {"workflow_id": workflow_id}, status_code=404)
             steps = read(monitoring.steps(workflow_id))
             given = None if fragment(request) else read(monitoring.execution_input(workflow_id))
+            children = monitoring.Children([], read(monitoring.children_counts(workflow_id)))
+            if children.total:
+                children = monitoring.Children(read(monitoring.children(workflow_id)), children.by_status)
+            total, pending = read(monitoring.message_counts(workflow_id))
+            messages = monitoring.Messages(read(monitoring.messages(workflow_id)) if total else [], total, pending)
+            latest = read(monitoring.events_latest(workflow_id))
+            events = monitoring.Events(latest, read(monitoring.events_history(workflow_id)) if latest else [])
         finished = detail.status in store.TERMINAL
         context = {
             "now": now, "e": detail, "steps": steps, "input": given, "finished": finished,
+            "children": children, "messages": messages, "events": events,
+            "first_failed": next((s.step_id for s in steps if s.error), None),
             "timeline": views.timeline(detail, steps, now), "extras": views.detail_extras(detail),
             "notice": _NOTICES.get(request.query_params.get("notice", "")),
             "refresh": WORKFLOW_REFRESH, "live_url": views.url("/workflow", id=workflow_id, fragment=1),
-            "step_limit": monitoring.MAX_STEPS,
+            "step_limit": monitoring.MAX_STEPS, "count_cap": monitoring.COUNT_CAP,
         }
         return render(request, "_workflow.html" if fragment(request) else "workflow.html", context)
+
+    def schedules(request: Request) -> Response:
+        with reading() as read:
+            now = read(monitoring.now())
+            rows = read(monitoring.schedules(SCHEDULE_LIMIT + 1))
+        context = {"now": now, "rows": rows[:SCHEDULE_LIMIT], "more": len(rows) > SCHEDULE_LIMIT,
+                   "refresh": SCHEDULES_REFRESH, "live_url": views.url("/schedules", fragment=1)}
+        return render(request, "_schedules.html" if fragment(request) else "schedules.html", context)
 
     def payload(request: Request) -> Response:
         workflow_id, column = request.query_params.get("id", ""), request.query_params.get("column", "")
@@ -272,13 +290,15 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             done = await run_in_threadpool(app.cancel, workflow_id)
         elif verb == "resume":
             done = await run_in_threadpool(app.resume, workflow_id)
-        elif verb == "fork" and fork is not None:
+        elif verb == "fork":
             step = _int(form.get("from_step"), -1, 0, 2**31 - 1)
             if step < 0:
                 return PlainTextResponse("from_step must be a step number", status_code=400)
-            forked = await run_in_threadpool(fork, workflow_id, step)
-            target = str(getattr(forked, "workflow_id", forked) or workflow_id)
-            done = True
+            try:
+                forked = await run_in_threadpool(app.fork, workflow_id, step)
+            except WorkflowNotFound:
+                return PlainTextResponse("no such execution", status_code=404)
+            target, done = forked.workflow_id, True
         else:
             return PlainTextResponse("unknown action", status_code=404)
         log.info("dashboard: %s %s -> %s", verb, workflow_id, "done" if done else "unchanged")
@@ -310,6 +330,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
         Route("/workflows", workflows),
         Route("/workflow", workflow),
         Route("/workflow/payload", payload),
+        Route("/schedules", schedules),
         Route("/workflow/{verb}", act, methods=["POST"]),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -343,8 +364,8 @@ async def _form(request: Request) -> dict[str, str] | None:
 
 
 def _statuses() -> list[str]:
-    # The statuses the engine writes today; a new one (e.g. "waiting") can be typed into the URL meanwhile.
-    return ["enqueued", "running", "succeeded", "failed", "cancelled"]
+    # The statuses the engine writes; any other can still be typed into the URL.
+    return ["enqueued", "waiting", "running", "succeeded", "failed", "cancelled"]
 
 
 def _time_range(params: Any, now: datetime, problems: list[str]) -> tuple[datetime | None, datetime | None]:

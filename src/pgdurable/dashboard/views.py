@@ -58,6 +58,19 @@ def iso(when: datetime | None) -> str:
     return when.astimezone(UTC).isoformat() if when else ""
 
 
+def wait_text(reason: str | None) -> str:
+    """What a waiting execution waits for, in words (the reason is data: escaped by the template)."""
+    if not reason:
+        return ""
+    if reason.startswith("recv:"):
+        topic = reason[len("recv:"):]
+        return f"a message on topic {topic!r}" if topic else "a message"
+    return _WAITS.get(reason, reason)
+
+
+_WAITS = {"delay": "its delayed start", "sleep": "a durable sleep", "children": "child workflows"}
+
+
 def status_class(status: str) -> str:
     """A CSS-safe class for any status string; statuses the stylesheet does not know look neutral."""
     return "st-" + (re.sub(r"[^a-z0-9]+", "-", status.lower()).strip("-")[:30] or "unknown")
@@ -130,7 +143,7 @@ TIMELINE_WIDTH = 1000.0
 @dataclass(frozen=True, slots=True)
 class Bar:
     label: str
-    kind: str  # delay, queue, step, error, current
+    kind: str  # delay, queue, step, error, wait, current
     x: float
     width: float
     seconds: float | None
@@ -152,10 +165,13 @@ TIMELINE_STEPS = 300
 
 def timeline(detail: monitoring.ExecutionDetail, steps: list[monitoring.StepDetail], now: datetime) -> Timeline:
     """A Gantt-like row per phase: delayed start, waiting in the queue, each recorded step, and what is
-    running now, on one time axis from the execution's creation to its end (or now)."""
+    running or waited for now, on one time axis from the execution's creation to its end (or now)."""
     created = detail.time("created_at") or now
     available = detail.time("available_at")
     started = detail.time("started_at")
+    # available_at is the start time until the first start; later waits and wake-ups overwrite it
+    if started is not None and available is not None and available > started:
+        available = None
     finished = detail.time("completed_at") if detail.status in store.TERMINAL else None
     end = finished or now
     step_ends = [t for s in steps if (t := s.time("completed_at")) is not None]
@@ -192,6 +208,15 @@ def timeline(detail: monitoring.ExecutionDetail, steps: list[monitoring.StepDeta
     if finished is None and detail.status == "running":
         last = max([started or created, *step_ends])
         bars.append(bar("running", "current", last, now, "in progress"))
+    if finished is None and detail.status == "waiting" and started is not None:
+        last = max([started, *step_ends])
+        wake = detail.time("available_at")
+        if wake is None:
+            note = "until woken"
+        else:
+            note = "wakes in " + duration((wake - now).total_seconds()) if wake > now else "due"
+        bars.append(bar("waiting for " + wait_text(detail.fields.get("wait_reason")), "wait", last,
+                        max(last, now), note))
     ticks = [(TIMELINE_WIDTH * f / 4, duration(total * f / 4) if f else "0") for f in range(5)]
     return Timeline(bars, total, ticks, max(0, len(steps) - TIMELINE_STEPS))
 
@@ -260,6 +285,9 @@ def detail_extras(detail: monitoring.ExecutionDetail) -> list[tuple[str, Any]]:
 _SHOWN_FIELDS = frozenset({
     "id", "name", "queue", "status", "priority", "owner_id", "lease_expires", "attempt", "recoveries",
     "max_recoveries", "available_at", "created_at", "updated_at", "started_at", "completed_at", "seq",
+    "wait_reason", "parent_id", "forked_from", "deadline", "timeout_seconds", "app_version",
+    # internal: the wake-up counter waits and sends meet on
+    "wakeups",
 })
 
 

@@ -1,15 +1,19 @@
 -- Read-only queries for the dashboard and `pgdurable status`. Names start with "dash_" so they never clash
 -- with the engine's. Every query here must stay cheap on a table of millions of rows: it either follows
--- an index (the claim index for enqueued rows, the lease index for running rows, created_at for listing)
--- or reads catalog statistics. New statuses (e.g. waiting) need no change here: rows are grouped by status.
+-- an index (the claim index for enqueued rows, the lease index for running rows, the wake-up index for
+-- waiting rows, created_at for listing, the parent index for children) or reads catalog statistics. Lists
+-- hanging off one execution (children, messages, events) are capped.
 
 -- name: dash_now
 SELECT now();
 
 -- name: dash_queues
--- Per queue: ready and delayed depth, running, leases expired for longer than %(stale)s seconds (nobody is
--- sweeping), the age of the oldest ready execution, and live workers serving it. Each aggregate reads one
--- status, so it follows that status's partial index.
+-- Per queue: enqueued executions that are due (ready) and not yet due (delayed: only rows written before
+-- delayed starts waited in 'waiting', or by hand), running ones, leases expired for longer than %(stale)s
+-- seconds (nobody is sweeping), the age of the oldest ready execution, live workers serving it, and waiting
+-- executions by what they wait for, with those whose wake-up time passed over %(stale)s seconds ago
+-- (overdue: no worker's timer is running). Each aggregate reads one status, so it follows that status's
+-- partial index.
 WITH enqueued AS (
     SELECT queue,
            count(*) FILTER (WHERE available_at <= now()) AS ready,
@@ -26,6 +30,17 @@ running AS (
     WHERE status = 'running'
     GROUP BY queue
 ),
+waiting AS (
+    SELECT queue, count(*) AS waiting,
+           count(*) FILTER (WHERE wait_reason = 'delay') AS delay,
+           count(*) FILTER (WHERE wait_reason = 'sleep') AS sleep,
+           count(*) FILTER (WHERE starts_with(wait_reason, 'recv:')) AS recv,
+           count(*) FILTER (WHERE wait_reason = 'children') AS children,
+           count(*) FILTER (WHERE available_at < now() - make_interval(secs => %(stale)s)) AS overdue
+    FROM workflow_executions
+    WHERE status = 'waiting'
+    GROUP BY queue
+),
 served AS (
     SELECT q AS queue, count(*) AS workers
     FROM workers, unnest(queues) AS q
@@ -33,13 +48,17 @@ served AS (
     GROUP BY q
 ),
 names AS (
-    SELECT queue FROM enqueued UNION SELECT queue FROM running UNION SELECT queue FROM served
+    SELECT queue FROM enqueued UNION SELECT queue FROM running UNION SELECT queue FROM waiting
+    UNION SELECT queue FROM served
 )
 SELECT n.queue, coalesce(e.ready, 0), coalesce(e.delayed, 0), coalesce(r.running, 0), coalesce(r.stale, 0),
-       extract(epoch FROM now() - e.oldest_ready)::float8, coalesce(s.workers, 0)
+       extract(epoch FROM now() - e.oldest_ready)::float8, coalesce(s.workers, 0), coalesce(w.waiting, 0),
+       coalesce(w.delay, 0), coalesce(w.sleep, 0), coalesce(w.recv, 0), coalesce(w.children, 0),
+       coalesce(w.overdue, 0)
 FROM names n
 LEFT JOIN enqueued e USING (queue)
 LEFT JOIN running r USING (queue)
+LEFT JOIN waiting w USING (queue)
 LEFT JOIN served s USING (queue)
 ORDER BY n.queue;
 
@@ -71,7 +90,7 @@ SELECT count(*) FROM (SELECT 1 FROM workflow_executions LIMIT %(cap)s) AS capped
 -- costs the same at row 50 and at row 5,000,000 (no OFFSET); ties on created_at (a bulk enqueue shares its
 -- transaction's time) are broken by id.
 SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
-       error ->> 'type', left(error ->> 'message', 300)
+       error ->> 'type', left(error ->> 'message', 300), wait_reason
 FROM workflow_executions
 WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
   AND created_at >= %(since)s::timestamptz AND created_at < %(until)s::timestamptz
@@ -79,13 +98,14 @@ WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
   AND (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: dash_list_newer
 -- The page just newer than the cursor, oldest first (the caller reverses it).
 SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
-       error ->> 'type', left(error ->> 'message', 300)
+       error ->> 'type', left(error ->> 'message', 300), wait_reason
 FROM workflow_executions
 WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
   AND created_at >= %(since)s::timestamptz AND created_at < %(until)s::timestamptz
@@ -93,6 +113,7 @@ WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
   AND (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
@@ -101,10 +122,12 @@ SELECT id FROM workflow_executions WHERE id = %(id)s;
 
 -- name: dash_execution
 -- One execution: every column but the payloads as one JSON object (columns added by later migrations show
--- up without a change here), then the output (cut to %(max)s characters) with its full size, and the error.
+-- up without a change here), then the output (cut to %(max)s characters) with its full size, the error,
+-- and its parent's name and status.
 SELECT to_jsonb(e) - 'input' - 'output' - 'error',
-       left(e.output::text, %(max)s), octet_length(e.output::text), e.error::text
+       left(e.output::text, %(max)s), octet_length(e.output::text), e.error::text, p.name, p.status
 FROM workflow_executions e
+LEFT JOIN workflow_executions p ON p.id = e.parent_id
 WHERE e.id = %(id)s;
 
 -- name: dash_input
@@ -127,10 +150,66 @@ WHERE o.execution_id = %(id)s
 ORDER BY o.step_id
 LIMIT %(limit)s;
 
+-- name: dash_children_counts
+-- A parent's children by status, counting at most %(cap)s of them (a fan-out of millions stays cheap).
+SELECT status, count(*)
+FROM (SELECT status FROM workflow_executions WHERE parent_id = %(id)s LIMIT %(cap)s) AS c
+GROUP BY status;
+
+-- name: dash_children
+-- The first %(limit)s children in creation order, among the first %(cap)s the parent index yields.
+SELECT id, name, status, wait_reason, available_at, created_at, completed_at
+FROM (SELECT id, name, status, wait_reason, available_at, created_at, completed_at
+      FROM workflow_executions WHERE parent_id = %(id)s LIMIT %(cap)s) AS c
+ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- name: dash_message_counts
+-- Messages sent to an execution, and how many wait to be received, counting at most %(cap)s.
+SELECT count(*), count(*) FILTER (WHERE consumed_at IS NULL)
+FROM (SELECT consumed_at FROM workflow_messages WHERE destination_id = %(id)s LIMIT %(cap)s) AS m;
+
+-- name: dash_messages
+-- The newest %(limit)s messages sent to an execution (consumed or not), among the first %(cap)s found along
+-- the (destination_id, idempotency_key) unique index; values cut to %(max)s characters. (The subquery keeps
+-- the planner from walking the primary key backwards in search of this destination's rows.)
+SELECT id, topic, left(message::text, %(max)s), octet_length(message::text), idempotency_key, created_at,
+       consumed_at, consumed_by_step
+FROM (SELECT id, topic, message, idempotency_key, created_at, consumed_at, consumed_by_step
+      FROM workflow_messages WHERE destination_id = %(id)s LIMIT %(cap)s) AS m
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: dash_events_latest
+-- The current value of each of an execution's event keys (the latest set_event), with how many values the
+-- key has had; values cut to %(max)s characters. Walks the primary key (execution_id, key, step_id)
+-- backwards: keys in reverse order, each key's latest value first.
+SELECT DISTINCT ON (key) key, step_id, left(value::text, %(max)s), octet_length(value::text), created_at,
+       count(*) OVER (PARTITION BY key)
+FROM workflow_events
+WHERE execution_id = %(id)s
+ORDER BY key DESC, step_id DESC
+LIMIT %(limit)s;
+
+-- name: dash_events_history
+-- An execution's newest %(limit)s event values, every key, newest first.
+SELECT key, step_id, left(value::text, %(max)s), octet_length(value::text), created_at
+FROM workflow_events
+WHERE execution_id = %(id)s
+ORDER BY step_id DESC, key
+LIMIT %(limit)s;
+
+-- name: dash_schedules
+-- Schedules by name (the primary key), with what the page shows.
+SELECT name, workflow_name, cron, timezone, queue, paused, next_fire_at, last_fired_at, last_error, catch_up
+FROM schedules
+ORDER BY name
+LIMIT %(limit)s;
+
 -- name: dash_workers
 -- Registered workers, newest heartbeat first; alive = heartbeat within the two minutes the engine uses.
 SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
-       heartbeat_at > now() - interval '2 minutes' AS alive
+       heartbeat_at > now() - interval '2 minutes' AS alive, app_version
 FROM workers
 ORDER BY alive DESC, started_at;
 
