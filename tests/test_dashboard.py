@@ -718,3 +718,21 @@ def test_timeline_places_each_phase_on_one_axis() -> None:
                              "started_at": at(1), "wait_reason": "recv:go"}, None, None)
     assert views.timeline(woken, [], now=t0 + timedelta(seconds=10)).bars[-1].note == "until woken"
     assert views.wait_text("recv:") == "a message" and views.wait_text("later") == "later"
+
+
+def test_metrics_endpoint_exposes_queue_gauges_behind_the_token(app: pgdurable.App) -> None:
+    @app.workflow(queue="parked")
+    def parked() -> None:
+        return None
+
+    app.enqueue(parked)
+    app.enqueue(parked, delay=3600)
+    open_client = client(app)
+    body = open_client.get("/metrics").text
+    assert 'pgdurable_queue_depth{queue="parked",status="enqueued"} 1.0' in body
+    assert 'pgdurable_queue_depth{queue="parked",status="waiting"} 1.0' in body
+    assert "pgdurable_queue_oldest_enqueued_seconds" in body
+    guarded = TestClient(create_app(app, token="s3cret"), follow_redirects=False)  # not logged in
+    assert guarded.get("/metrics").status_code in (302, 303, 401, 403)
+    scraped = guarded.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert scraped.status_code == 200 and "pgdurable_queue_depth" in scraped.text

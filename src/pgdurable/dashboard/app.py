@@ -3,6 +3,7 @@ the cancel / resume / fork actions. ``create_app`` is the factory; ``serve.py`` 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -325,8 +326,22 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             return PlainTextResponse(message, status_code=status_code)
         return render(request, "error.html", {"message": message}, status_code=status_code)
 
+    # Prometheus exposition of the database-wide gauges (queue depth by status, oldest enqueued age), when
+    # the metrics extra is installed. Behind the token like every page (scrape with a bearer token).
+    metrics_registry = _metrics_registry(app)
+
+    async def metrics(request: Request) -> Response:
+        if metrics_registry is None:
+            return PlainTextResponse("metrics need the metrics extra: pip install 'pgdurable[metrics]'",
+                                     status_code=404)
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = await asyncio.to_thread(generate_latest, metrics_registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
     routes = [
         Route("/", overview),
+        Route("/metrics", metrics),
         Route("/workflows", workflows),
         Route("/workflow", workflow),
         Route("/workflow/payload", payload),
@@ -342,6 +357,14 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
         middleware=[Middleware(GuardMiddleware, guard=guard, allowed_hosts=allowed_hosts)],
         exception_handlers={psycopg.Error: database_error},
     )
+
+
+def _metrics_registry(app: App) -> Any:
+    try:
+        from ..metrics import PrometheusMetrics
+    except ImportError:
+        return None
+    return PrometheusMetrics(app).registry
 
 
 def _int(text: str | None, default: int, low: int, high: int) -> int:
