@@ -67,6 +67,15 @@ def app(make_app: Callable[..., pgdurable.App]) -> pgdurable.App:
     return make_app()
 
 
+@pytest.fixture
+def db(database_url: str, schema: str, app: pgdurable.App) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection on the test's schema (created by the app's migration)."""
+    app.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        yield conn
+
+
 class ThreadWorker:
     """A Worker running on its own event loop in a thread of the test process."""
 

@@ -8,7 +8,7 @@ import html
 import re
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -58,12 +58,6 @@ def link(page: str, rel: str) -> str | None:
     return html.unescape(found.group(1)) if found else None
 
 
-@pytest.fixture
-def db(database_url: str, schema: str, app: pgdurable.App) -> Iterator[psycopg.Connection[Any]]:
-    app.migrate()
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        yield conn
 
 
 def finish(db: psycopg.Connection[Any], workflow_id: str, status: str, age: timedelta = timedelta(0)) -> None:

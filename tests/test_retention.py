@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -20,14 +20,6 @@ from pgdurable.cli import cli
 from pgdurable.sqlfiles import query
 
 from .harness import wait_for
-
-
-@pytest.fixture
-def db(database_url: str, schema: str, app: pgdurable.App) -> Iterator[psycopg.Connection[Any]]:
-    app.migrate()
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        yield conn
 
 
 def age(db: psycopg.Connection[Any], ids: list[str], days: float) -> None:

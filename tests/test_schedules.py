@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -35,13 +35,6 @@ from tests.harness import wait_for
 PARIS = "Europe/Paris"
 
 
-@pytest.fixture
-def db(database_url: str, schema: str, app: pgdurable.App) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit connection on the test's schema (created by the app's migration)."""
-    app.migrate()
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        yield conn
 
 
 def _ticks(db: psycopg.Connection[Any], schedule: str) -> list[datetime]:
