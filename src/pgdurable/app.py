@@ -464,10 +464,10 @@ class App:
             raise ValueError("from_step must be >= 0")
         new_id = new_workflow_id or str(uuid.uuid4())
         with _id_conflicts():
-            created, _ = self.db.run(store.fork(source=workflow_id, id=new_id, from_step=from_step))
-        if created is None:
+            created, name, _ = self.db.run(store.fork(source=workflow_id, id=new_id, from_step=from_step))
+        if created is None or name is None:
             raise WorkflowNotFound(workflow_id)
-        definition = self.registry.get(self.db.run(store.get_execution(new_id)).name)  # type: ignore[union-attr]
+        definition = self.registry.get(name)
         return WorkflowHandle(self, new_id, definition.signature.return_hint if definition else Any)
 
     def children(self, workflow_id: str) -> list[tuple[Any, ...]]:

@@ -8,15 +8,13 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import UTC, datetime
+from typing import Any
 
 from . import failures, store
 from .batcher import StepWrite, ThreadWaiter, WriteBatcher
 from .errors import ConfigurationError, LeaseLost, NonDeterminismError
 from .serialization import Serializer
-
-T = TypeVar("T")
 
 _current: ContextVar[ExecutionContext | None] = ContextVar("pgdurable_execution", default=None)
 # True while a step body runs: steps called from inside a step are plain calls, not checkpoints.
@@ -176,9 +174,6 @@ class ExecutionContext:
         self.lost = True
         return LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} no longer owns it ({what})")
 
-
-def after(seconds: float, now: datetime) -> datetime:
-    return now + timedelta(seconds=seconds)
 
 
 def utcnow() -> datetime:

@@ -466,9 +466,10 @@ def list_children(id: str) -> Call[list[tuple[Any, ...]]]:
     return Call("list_children", {"id": id}, _dicts)
 
 
-def fork(*, source: str, id: str, from_step: int) -> Call[tuple[str | None, int]]:
+def fork(*, source: str, id: str, from_step: int) -> Call[tuple[str | None, str | None, int]]:
+    """(the new execution's id, its workflow name, steps copied); id None when there is no such source."""
     return Call("fork", {"source": source, "id": id, "from_step": from_step},
-                lambda rows: (rows[0][0], int(rows[0][1])))
+                lambda rows: (rows[0][0], rows[0][1], int(rows[0][2])))
 
 
 def queue_depths() -> Call[list[tuple[Any, ...]]]:

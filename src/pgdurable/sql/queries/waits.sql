@@ -55,8 +55,8 @@ RETURNING e.id;
 
 -- name: receive
 -- Take the oldest unconsumed message on a topic and record it as the receiving step, in one statement:
--- a message is consumed if and only if its step is recorded. Also returns the execution's wake-up count
--- as of this statement's snapshot (not as locked: a send that commits while we wait for the lock must
+-- a message is consumed if and only if its step is recorded by this statement. Also returns the
+-- execution's wake-up count as of this statement's snapshot (not as locked: a send that commits while we wait for the lock must
 -- make the suspend that follows fail and look again).
 WITH seen AS (
     SELECT wakeups FROM workflow_executions WHERE id = %(id)s
@@ -71,19 +71,19 @@ WITH seen AS (
     ORDER BY m.id
     LIMIT 1
     FOR UPDATE OF m
-), consumed AS (
-    UPDATE workflow_messages m
-    SET consumed_at = now(), consumed_by_step = %(step_id)s
-    FROM next_message
-    WHERE m.id = next_message.id
-    RETURNING m.message
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
                                    recorded_by_attempt, started_at)
-    SELECT %(id)s, %(step_id)s, %(step_name)s, consumed.message, NULL, 1, %(attempt)s, %(started_at)s
-    FROM consumed
+    SELECT %(id)s, %(step_id)s, %(step_name)s, next_message.message, NULL, 1, %(attempt)s, %(started_at)s
+    FROM next_message
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING output
+), consumed AS (
+    -- only a message whose receive step was recorded here is consumed
+    UPDATE workflow_messages m
+    SET consumed_at = now(), consumed_by_step = %(step_id)s
+    FROM next_message, recorded
+    WHERE m.id = next_message.id
 )
 SELECT (SELECT count(*) FROM owned), (SELECT wakeups FROM seen), (SELECT count(*) FROM recorded),
        (SELECT output::text FROM recorded);
@@ -186,7 +186,7 @@ WITH source AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, timeout_seconds,
                                      forked_from)
     SELECT %(id)s, name, queue, priority, input, max_recoveries, timeout_seconds, id FROM source
-    RETURNING id
+    RETURNING id, name
 ), copied AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
                                    recorded_by_attempt, started_at, completed_at)
@@ -200,4 +200,4 @@ WITH source AS (
     FROM workflow_events ev, forked
     WHERE ev.execution_id = %(source)s AND ev.step_id < %(from_step)s
 )
-SELECT (SELECT id FROM forked), (SELECT count(*) FROM copied);
+SELECT (SELECT id FROM forked), (SELECT name FROM forked), (SELECT count(*) FROM copied);
