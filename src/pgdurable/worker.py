@@ -84,6 +84,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._stop_requests = 0
+        self._signals = False
         self._started = asyncio.Event()
         # Sync workflows inside a thread right now. Counted in the thread itself: a released workflow's task
         # is cancelled at loop shutdown while its thread runs on, so self.running no longer shows it.
@@ -125,6 +126,7 @@ class Worker:
         self._pool = await self.app.db.async_pool(size=4)
         self._batcher = WriteBatcher(self._writer_aconnect, self._writer_connect)
         await self._batcher.start()
+        self._signals = handle_signals
         if handle_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(signum, self.stop)
@@ -153,9 +155,10 @@ class Worker:
             await self._shutdown(background)
 
     def stop(self) -> None:
-        """Ask the worker to stop: no new claims, a grace period, then release. A second call exits now."""
+        """Ask the worker to stop: no new claims, a grace period, then release. When the worker handles signals,
+        a second SIGTERM/SIGINT exits at once."""
         self._stop_requests += 1
-        if self._stop_requests > 1:
+        if self._stop_requests > 1 and self._signals:  # an operator's second Ctrl-C, not a second API call
             log.warning("worker %s: second stop signal, exiting at once", self.id)
             os._exit(130)
         log.info("worker %s: stopping (grace %.0fs)", self.id, self.settings.shutdown_grace_seconds)
