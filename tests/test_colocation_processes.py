@@ -255,8 +255,11 @@ def test_worker_paused_inside_its_transaction_loses_its_locks_and_cannot_commit(
         # is still stopped (so the session was not closed from the client's side). Meanwhile the successor,
         # which took the execution over when the lease ran out, waits for the zombie's row lock.
         last_seen, blocked = time.time(), set()
-        while h.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (zombie_backend,)):
-            last_seen = time.time()
+        while True:
+            looked = time.time()  # before the query: the session was alive at some moment after this
+            if not h.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (zombie_backend,)):
+                break
+            last_seen = looked
             blocked.update(r[0] for r in h.rows("SELECT pid FROM pg_stat_activity "
                                                 "WHERE %s = ANY (pg_blocking_pids(pid))", (zombie_backend,)))
             assert time.monotonic() - stopped < zombie_lease + 3, "the paused session was not ended"
