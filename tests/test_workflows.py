@@ -190,12 +190,13 @@ def test_steps_retry_with_backoff_then_succeed(app: pgdurable.App, start_worker:
     assert app.steps("flaky")[0].attempts == 3
 
 
+class PaymentDeclined(Exception):
+    """At module level: replays rebuild exceptions by their importable name."""
+
+
 def test_spent_retries_and_non_retryable_errors_fail_the_workflow(
         app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
     attempts = Counter[str]()
-
-    class PaymentDeclined(Exception):
-        pass
 
     @app.step(max_attempts=3, interval=0.01, no_retry=(PaymentDeclined,))
     def charge(kind: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import schedules, store, waits
+from . import limits, schedules, store, waits
 from .client import CompletionListener, WorkflowHandle
 from .config import Settings, database_url_from_env, schema_name
 from .connections import async_driver_connection, sync_driver_connection
@@ -31,7 +31,7 @@ from .errors import (
 )
 from .migrations import migrate
 from .schedules import CatchUp, Schedule, ScheduleDefinition
-from .serialization import JsonSerializer, Serializer, SizeLimit
+from .serialization import JsonSerializer, Serializer, SizeLimit, storage_problem, utf8_size
 from .steps import RetryPolicy, make_step
 from .telemetry import Observer, Observers
 from .transactions import make_transaction_step
@@ -86,6 +86,8 @@ class App:
         ``timeout_seconds``: a time budget counted from the first start (children inherit the deadline);
         past it the execution fails with ``pgdurable.WorkflowTimeout``.
         """
+
+        limits.timeout_seconds(timeout_seconds)
 
         def register(fn: Callable[..., Any]) -> Workflow[..., Any]:
             workflow = Workflow(fn, name=name or default_name(fn), queue=queue, priority=priority,
@@ -231,8 +233,7 @@ class App:
         definition = self._resolve(workflow)
         if definition is None:
             raise TypeError("enqueue_many takes a workflow registered on this App")
-        if delay < 0:
-            raise ValueError("delay must be >= 0 seconds")
+        delay = limits.delay_seconds(delay)
         bound = [self._bind(definition, *_split(item)) for item in arguments]
         ids = list(workflow_ids) if workflow_ids is not None else [str(uuid.uuid4()) for _ in bound]
         if len(ids) != len(bound):
@@ -244,9 +245,10 @@ class App:
             chunk = list(zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True))
             try:
                 rows = self.serializer.inner.dumps(chunk)  # one encoder call for the whole chunk
+                suspect = utf8_size(rows) > self.serializer.max_bytes or storage_problem(rows) is not None
             except SerializationError:
-                rows = ""
-            if not rows or len(rows) > self.serializer.max_bytes:
+                rows, suspect = "", True
+            if suspect:
                 for _, arguments_of_one in chunk:  # name the argument that cannot be stored, or is too big
                     self._encode_bound(definition, arguments_of_one)
                 if not rows:
@@ -297,10 +299,8 @@ class App:
             max_recoveries = max_recoveries if max_recoveries is not None else definition.max_recoveries
             input_text = self._encode_arguments(definition, args, kwargs)
             default_timeout = definition.timeout_seconds
-        if delay < 0:
-            raise ValueError("delay must be >= 0 seconds")
-        if timeout_seconds is not None and timeout_seconds <= 0:
-            raise ValueError("timeout_seconds must be positive")
+        delay = limits.delay_seconds(delay)
+        timeout_seconds = limits.timeout_seconds(timeout_seconds)
         if on_duplicate not in ("return", "raise"):
             raise ValueError('on_duplicate must be "return" or "raise"')
         for label, key in (("dedup_key", dedup_key), ("concurrency_key", concurrency_key)):
@@ -373,6 +373,9 @@ class App:
               timeout_seconds: float | None = None, **kwargs: Any) -> WorkflowHandle[R]:
         """Run a workflow durably in this process, now. If the process dies, a worker resumes it.
 
+        On a queue with limits (``app.queue(...)``, stored), the limits decide when it runs: it is enqueued
+        and a worker runs it, exactly as ``enqueue`` would.
+
         Inside a workflow this starts a child workflow, exactly like ``enqueue``. A workflow that waits
         (durable sleep, messages, children) is resumed by a worker (``pgdurable worker``), not here.
         """
@@ -381,6 +384,7 @@ class App:
                                 max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, **kwargs)
         definition = self._resolve(workflow)
         assert definition is not None
+        timeout_seconds = limits.timeout_seconds(timeout_seconds)
         runtime = self._local_runtime()
         input_text = self._encode_arguments(definition, args, kwargs)
         row = self.db.run(store.start_owned(
@@ -391,10 +395,10 @@ class App:
             timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
             version=self.version, trace=(trace := self._trace())))
         assert row is not None
-        execution_id, name, created, attempt, stored_input, db_now = row
+        execution_id, name, _, attempt, stored_input, db_now, owned = row
         if name != definition.name:
             raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
-        if created:
+        if owned:  # else its queue has limits: it was enqueued, and a worker runs it when they allow
             runtime.submit(store.Claimed(execution_id, name, attempt, stored_input, db_now), trace)
         return WorkflowHandle(self, execution_id, definition.signature.return_hint)
 

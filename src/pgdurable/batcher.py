@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from . import store
+from .errors import SerializationError
 
 log = logging.getLogger("pgdurable.worker")
 T = TypeVar("T")
@@ -189,7 +190,7 @@ class WriteBatcher:
                     self._conn = self._connect()
                 plan.execute(self._conn)
                 break
-            except psycopg.Error as exc:
+            except Exception as exc:  # the connection (psycopg.Error), or a bug: never lose the waiters
                 plan.failed(exc, attempt)
                 self._conn = None
                 time.sleep(0.2 * attempt)
@@ -220,7 +221,7 @@ class WriteBatcher:
                     self._aconn = await self._aconnect()
                 await plan.aexecute(self._aconn)
                 break
-            except psycopg.Error as exc:
+            except Exception as exc:  # the connection (psycopg.Error), or a bug: never lose the waiters
                 plan.failed(exc, attempt)
                 self._aconn = None
                 await asyncio.sleep(0.2 * attempt)
@@ -233,30 +234,35 @@ class WriteBatcher:
 
 
 class _Plan:
-    """One batch: its writes as at most two statements in one transaction, then any other statements."""
+    """One batch: its writes as at most two statements in one transaction, then any other statements.
+
+    A write the database refuses for its data (an invalid value, a broken constraint) must not charge the
+    other writes of the batch: the batch is then written again one write at a time, and only the writes
+    refused on their own are reported as refused.
+    """
 
     def __init__(self, batch: list[tuple[Item, Waiter]]) -> None:
         self.batch = batch
-        steps = [_step_row(item) for item, _ in batch if isinstance(item, StepWrite)]
-        done = [_completion_row(item) for item, _ in batch if isinstance(item, Completion)]
-        self.writes: list[store.Call[set[tuple[str, int | None]]]] = []
-        if steps:
-            self.writes.append(store.write_steps("[" + ",".join(steps) + "]"))
-        if done:
-            self.writes.append(store.write_completions("[" + ",".join(done) + "]"))
+        self.writes = [(item, waiter) for item, waiter in batch if not isinstance(item, Statement)]
         self.statements = [(item, waiter) for item, waiter in batch if isinstance(item, Statement)]
-        self.written: set[tuple[str, int | None]] = set()
+        self.written: set[store.WriteKey] = set()
+        self.refused: dict[int, BaseException] = {}
         self.outcomes: dict[int, tuple[Any, BaseException | None]] = {}
         self.failure: BaseException | None = None
 
     def execute(self, conn: psycopg.Connection[Any]) -> None:
-        if len(self.writes) > 1:
-            with conn.transaction():  # both kinds: still one commit
-                for call in self.writes:
-                    rows: set[tuple[str, int | None]] = store.run(conn, call)
-                    self.written.update(rows)
-        elif self.writes:
-            self.written = store.run(conn, self.writes[0])
+        self.written, self.refused = set(), {}
+        try:
+            self._write(conn, self.writes)
+        except Exception as exc:
+            if not self._refuse(self.writes, exc):
+                raise
+            for one in self.writes if len(self.writes) > 1 else ():
+                try:
+                    self._write(conn, [one])
+                except Exception as single:
+                    if not self._refuse([one], single):
+                        raise
         for item, waiter in self.statements:
             try:
                 self.outcomes[id(waiter)] = (store.run(conn, item.call), None)
@@ -265,19 +271,62 @@ class _Plan:
         self.failure = None
 
     async def aexecute(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if len(self.writes) > 1:
-            async with conn.transaction():
-                for call in self.writes:
-                    rows: set[tuple[str, int | None]] = await store.arun(conn, call)
-                    self.written.update(rows)
-        elif self.writes:
-            self.written = await store.arun(conn, self.writes[0])
+        self.written, self.refused = set(), {}
+        try:
+            await self._awrite(conn, self.writes)
+        except Exception as exc:
+            if not self._refuse(self.writes, exc):
+                raise
+            for one in self.writes if len(self.writes) > 1 else ():
+                try:
+                    await self._awrite(conn, [one])
+                except Exception as single:
+                    if not self._refuse([one], single):
+                        raise
         for item, waiter in self.statements:
             try:
                 self.outcomes[id(waiter)] = (await store.arun(conn, item.call), None)
             except psycopg.Error as exc:
                 self.outcomes[id(waiter)] = (None, exc)
         self.failure = None
+
+    def _write(self, conn: psycopg.Connection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
+        calls = _write_calls(writes)
+        if len(calls) > 1:
+            with conn.transaction():  # both kinds: still one commit
+                for call in calls:
+                    rows: set[store.WriteKey] = store.run(conn, call)
+                    self.written.update(rows)
+        elif calls:
+            first: set[store.WriteKey] = store.run(conn, calls[0])
+            self.written.update(first)
+
+    async def _awrite(self, conn: psycopg.AsyncConnection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
+        calls = _write_calls(writes)
+        if len(calls) > 1:
+            async with conn.transaction():
+                for call in calls:
+                    rows: set[store.WriteKey] = await store.arun(conn, call)
+                    self.written.update(rows)
+        elif calls:
+            first: set[store.WriteKey] = await store.arun(conn, calls[0])
+            self.written.update(first)
+
+    def _refuse(self, writes: Sequence[tuple[Item, Waiter]], exc: BaseException) -> bool:
+        """After the database refused ``writes`` for their data: a single write is marked refused, several
+        are to be written again one at a time (True). False: not refused for the data, so a failure."""
+        if not _refused_for_its_data(exc):
+            return False
+        if len(writes) > 1:
+            log.warning("write batch of %d refused for its data (%s); writing it again one write at a time",
+                        len(writes), _first_line(exc))
+            return True
+        item, waiter = writes[0]
+        assert not isinstance(item, Statement)
+        log.warning("execution %s attempt %d: the database refused a write (%s): %s", item.execution_id,
+                    item.attempt, type(item).__name__, _first_line(exc))
+        self.refused[id(waiter)] = exc
+        return True
 
     def failed(self, exc: BaseException, attempt: int) -> None:
         self.failure = exc
@@ -289,14 +338,20 @@ class _Plan:
         """Tell every waiter its outcome. ``loop`` is given when settling from a thread other than its own.
 
         A write that failed outright counts as not written: its workflow stops, its lease runs out, and
-        another attempt resumes it from its checkpoints.
+        another attempt resumes it from its checkpoints. A write refused for its data raises
+        ``SerializationError`` in its writer, which records that as the step's or workflow's error.
         """
         on_loop: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         for item, waiter in self.batch:
+            result: Any
+            error: BaseException | None
             if isinstance(item, Statement):
                 result, error = self.outcomes.get(id(waiter), (None, self.failure))
+            elif (refusal := self.refused.get(id(waiter))) is not None:
+                result, error = None, SerializationError(
+                    f"the database refused to store it: {_first_line(refusal)}")
             else:
-                key = (item.execution_id, item.step_id if isinstance(item, StepWrite) else None)
+                key = (item.execution_id, item.attempt, item.step_id if isinstance(item, StepWrite) else None)
                 result, error = key in self.written, None
             if isinstance(waiter, ThreadWaiter):
                 waiter.settle(result, error)
@@ -307,6 +362,29 @@ class _Plan:
         if on_loop and loop is not None:
             with contextlib.suppress(RuntimeError):  # a closed loop: the worker is exiting
                 loop.call_soon_threadsafe(_settle_futures, on_loop)
+
+
+def _write_calls(writes: Sequence[tuple[Item, Waiter]]) -> list[store.Call[set[store.WriteKey]]]:
+    steps = [_step_row(item) for item, _ in writes if isinstance(item, StepWrite)]
+    done = [_completion_row(item) for item, _ in writes if isinstance(item, Completion)]
+    calls = []
+    if steps:
+        calls.append(store.write_steps("[" + ",".join(steps) + "]"))
+    if done:
+        calls.append(store.write_completions("[" + ",".join(done) + "]"))
+    return calls
+
+
+def _refused_for_its_data(exc: BaseException) -> bool:
+    """A data exception (SQLSTATE class 22), a broken constraint (23) or a value too complex for the server
+    (54), or a value the driver could not even send (a NUL byte, an unencodable character)."""
+    if isinstance(exc, psycopg.Error):
+        return isinstance(exc, psycopg.DataError) or (exc.sqlstate or "")[:2] in ("22", "23", "54")
+    return isinstance(exc, ValueError)  # UnicodeEncodeError included
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
 
 
 def _settle_future(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -74,7 +74,7 @@ def upsert_schedule(definition: ScheduleDefinition, next_fire_at: datetime) -> C
         "timezone": definition.cron.timezone, "queue": definition.queue, "priority": definition.priority,
         "max_recoveries": definition.max_recoveries, "args": definition.args,
         "pass_scheduled_at": definition.pass_scheduled_at, "catch_up": definition.catch_up,
-        "next_fire_at": next_fire_at}, _one_schedule)
+        "next_fire_at": next_fire_at, "timeout_seconds": definition.timeout_seconds}, _one_schedule)
 
 
 def get_schedule(name: str) -> Call[Schedule | None]:
@@ -141,6 +141,8 @@ class ScheduleDefinition:
     args: str
     pass_scheduled_at: bool
     catch_up: CatchUp
+    # The workflow's own time budget, given to every tick's execution (as an enqueue would).
+    timeout_seconds: float | None = None
 
 
 def define(app: App, name: str, workflow: Workflow[..., Any] | str, cron: str, *, timezone: str,
@@ -192,7 +194,8 @@ def define(app: App, name: str, workflow: Workflow[..., Any] | str, cron: str, *
     return ScheduleDefinition(
         name=name, workflow_name=workflow_name, cron=timetable, queue=queue or default_queue,
         priority=default_priority if priority is None else priority, max_recoveries=max_recoveries,
-        args=encoded, pass_scheduled_at=passes, catch_up=policy)
+        args=encoded, pass_scheduled_at=passes, catch_up=policy,
+        timeout_seconds=None if known is None else known.timeout_seconds)
 
 
 # ---- what App's methods do -------------------------------------------------------------------------------

@@ -11,12 +11,13 @@ import dataclasses
 import inspect
 import json
 import logging
+import re
 from functools import lru_cache
 from typing import Any, Protocol, get_type_hints
 
 import pydantic
 from pydantic import ConfigDict, TypeAdapter
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import PydanticSerializationError, from_json, to_json
 from typing_extensions import TypedDict
 
 from .errors import SerializationError
@@ -63,8 +64,49 @@ class JsonSerializer:
             raise SerializationError(f"cannot decode payload as {type_hint!r}: {exc}") from None
 
 
+# What PostgreSQL's jsonb and the typed decoder (pydantic's JSON parser) can take back. Nesting deeper than
+# the decoder's limit could be stored but never read again, so it is refused when written.
+MAX_DEPTH = 200
+# A JSON \u0000 escape (an odd number of backslashes before it): jsonb cannot store NUL characters.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storage_problem(text: str) -> str | None:
+    """Why this JSON text could not be stored in ``jsonb`` and read back, or None when it can.
+
+    The common payload passes on a few substring scans; only a suspicious one is parsed again.
+    """
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        return "it contains a NUL character (\\u0000), which PostgreSQL cannot store in jsonb"
+    if (text.count("[") + text.count("{") > MAX_DEPTH or "NaN" in text or "Infinity" in text
+            or "\\ud" in text or "\\uD" in text):
+        try:
+            from_json(text, allow_inf_nan=False)
+        except ValueError as exc:
+            detail = str(exc)
+            if "recursion limit" in detail:
+                return f"it is nested more than {MAX_DEPTH} levels deep"
+            if "hex escape" in detail or "surrogate" in detail:
+                return f"it contains a lone UTF-16 surrogate ({detail})"
+            return f"it is not valid JSON: NaN and infinite numbers have no JSON form ({detail})"
+    return None
+
+
+def utf8_size(text: str) -> int:
+    """The size of ``text`` in UTF-8; SerializationError if it cannot be encoded (lone surrogates)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise SerializationError(f"payload contains a lone UTF-16 surrogate at character {exc.start}, "
+                                 "which is not valid UTF-8") from None
+
+
 class SizeLimit:
-    """Wraps a serializer: refuses payloads larger than ``max_bytes`` with a clear error, whatever the format.
+    """Wraps a serializer: refuses, with a clear error and whatever the format, payloads PostgreSQL would
+    refuse (NaN, NUL characters, lone surrogates, nesting too deep to read back) and payloads larger than
+    ``max_bytes`` of UTF-8.
 
     Inputs, step outputs and results all live in hot rows; a payload of tens of megabytes belongs in a
     table of its own (or object storage), with its key passed instead.
@@ -80,10 +122,15 @@ class SizeLimit:
         return text
 
     def check(self, text: str) -> None:
-        if len(text) > self.max_bytes:  # characters: a lower bound of the UTF-8 size, and cheap
+        # Cheap first: a text of N characters holds at most 4N bytes of UTF-8.
+        size = len(text) if len(text) > self.max_bytes else utf8_size(text)
+        if size > self.max_bytes:
             raise SerializationError(
-                f"payload of {len(text) / 1048576:.1f} MiB exceeds the limit of {self.max_bytes / 1048576:.1f} MiB "
+                f"payload of {size / 1048576:.1f} MiB exceeds the limit of {self.max_bytes / 1048576:.1f} MiB "
                 "(App(max_payload_bytes=...)); store large data elsewhere and pass its key")
+        problem = storage_problem(text)
+        if problem is not None:
+            raise SerializationError(f"payload cannot be stored: {problem}")
 
     def loads(self, text: str, type_hint: Any = Any) -> Any:
         return self.inner.loads(text, type_hint)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
+from . import failures
 from .context import ExecutionContext, _in_step, current, utcnow
 from .errors import LeaseLost, NonDeterminismError, SerializationError
 from .serialization import Signature
@@ -90,12 +91,18 @@ class StepRun:
         return self.policy.retries(exc, self.tries)
 
     def checkpoint(self) -> tuple[int, str, str | None, str | None, int, Any]:
-        """The arguments of ``ctx.record``. An unencodable result becomes the step's error, so replay agrees."""
-        try:
-            output, error = self.ctx.encode_outcome(self.value, self.failure)
-        except SerializationError as exc:
-            self.failure = exc
-            output, error = self.ctx.encode_outcome(None, exc)
+        """The arguments of ``ctx.record``. A result that cannot be stored becomes the step's own error, and
+        an error is raised as a replay will raise it, so a replay always takes the first run's path."""
+        output: str | None = None
+        if self.failure is None:
+            try:
+                output = self.ctx.serializer.dumps(self.value)
+            except SerializationError as exc:
+                self.failure = SerializationError(
+                    f"step {self.name!r} (#{self.step_id}) returned a value that cannot be stored: {exc}")
+        error: str | None = None
+        if self.failure is not None:
+            error, self.failure = failures.recordable(self.failure)
         return self.step_id, self.name, output, error, self.tries, self.started
 
     def result(self) -> Any:

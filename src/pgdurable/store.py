@@ -166,8 +166,13 @@ def _recorded_steps(rows: Rows) -> dict[str, dict[int, RecordedStep]]:
     return found
 
 
-def _written(rows: Rows) -> set[tuple[str, int | None]]:
-    return {(row[0], row[1]) for row in rows}
+# What a group commit wrote, by (execution_id, attempt, step_id or None for a completion): keyed by the
+# attempt too, so that two attempts of one execution in one batch never take each other's outcome.
+WriteKey = tuple[str, int, int | None]
+
+
+def _written(rows: Rows) -> set[WriteKey]:
+    return {(row[0], row[1], row[2]) for row in rows}
 
 
 def _pairs(rows: Rows) -> dict[str, Any]:
@@ -265,13 +270,13 @@ def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
     return Call("load_steps", {"ids": ids}, _recorded_steps)
 
 
-def write_steps(rows: str) -> Call[set[tuple[str, int | None]]]:
-    """Step checkpoints as one JSON array; returns (execution_id, step_id) of the rows written."""
+def write_steps(rows: str) -> Call[set[WriteKey]]:
+    """Step checkpoints as one JSON array; returns (execution_id, attempt, step_id) of the rows written."""
     return Call("write_steps", {"rows": rows}, _written)
 
 
-def write_completions(rows: str) -> Call[set[tuple[str, int | None]]]:
-    """Completions as one JSON array; returns (execution_id, None) of the executions finished."""
+def write_completions(rows: str) -> Call[set[WriteKey]]:
+    """Completions as one JSON array; returns (execution_id, attempt, None) of the executions finished."""
     return Call("write_completions", {"rows": rows}, _written)
 
 
@@ -441,8 +446,10 @@ def list_events(id: str) -> Call[list[Event]]:
 def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,
                   name: str, queue: str, priority: int, input: str, max_recoveries: int, delay: float,
                   timeout: float | None, concurrency_key: str | None = None,
-                  dedup_key: str | None = None, trace: str | None = None) -> Call[tuple[bool, str | None]]:
-    """Returns (recorded, the name of the workflow the id belongs to)."""
+                  dedup_key: str | None = None,
+                  trace: str | None = None) -> Call[tuple[bool, str | None, str | None]]:
+    """Returns (recorded, the name of the workflow the id belongs to, the conflict error recorded if the id
+    belongs to another workflow)."""
     if dedup_key is not None:
         raise ValueError("dedup_key is for enqueues from outside workflows (a child's id already dedups it)")
     return Call("enqueue_child", {"parent": parent, "attempt": attempt, "step_id": step_id,
@@ -450,7 +457,7 @@ def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, st
                                   "queue": queue, "priority": priority, "input": input,
                                   "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
                                   "concurrency_key": concurrency_key, "trace": trace},
-                lambda rows: (bool(rows[0][0]), rows[0][2]))
+                lambda rows: (bool(rows[0][0]), rows[0][2], rows[0][3]))
 
 
 def awaited_status(*, id: str, attempt: int, ids: list[str]) -> Call[tuple[int | None, list[Awaited]]]:

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from .context import current
-from .errors import ConfigurationError, LeaseLost
+from .errors import ConfigurationError, LeaseLost, SerializationError
 from .orm import async_session_transaction, session_kind, session_transaction
 from .serialization import Signature
 from .steps import RetryPolicy, StepRun, running_step
@@ -87,7 +87,11 @@ class TransactionRun(StepRun):
 
     def checkpoint_params(self, value: Any) -> tuple[Any, ...]:
         """The checkpoint written inside the step's transaction (an unencodable result rolls it back)."""
-        output = self.ctx.serializer.dumps(value)
+        try:
+            output = self.ctx.serializer.dumps(value)
+        except SerializationError as exc:
+            raise SerializationError(f"transactional step {self.name!r} (#{self.step_id}) returned a value that "
+                                     f"cannot be stored: {exc}") from None
         return (self.ctx.execution_id, self.ctx.attempt, self.step_id, self.name, output, None, self.tries,
                 self.started)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from . import store
+from . import failures, store
 from .client import failure
 from .context import ExecutionContext, current
 from .errors import ConfigurationError, ResultTimeout, WorkflowIdConflict, WorkflowNotFound
@@ -176,15 +176,19 @@ def enqueue_child_plan(ctx: ExecutionContext, name: str, workflow_id: str | None
     step_name = f"pgdurable.enqueue:{name}"
     step_id, recorded = ctx.begin_step(step_name)
     if recorded is not None:
+        if recorded.error is not None:  # the id belonged to another workflow when this first ran
+            raise failures.rebuild(json.loads(recorded.error))
         return ctx.serializer.loads(recorded.output or "null", str)
     new_id = workflow_id or child_id(ctx, step_id)
-    recorded_now, owner_name = yield store.enqueue_child(
+    recorded_now, owner_name, conflict = yield store.enqueue_child(
         parent=ctx.execution_id, attempt=ctx.attempt, step_id=step_id, step_name=step_name,
         started_at=ctx.db_now(), id=new_id, name=name, **params)
-    if owner_name is not None and owner_name != name:
-        raise WorkflowIdConflict(f"workflow id {new_id!r} already belongs to an execution of {owner_name!r}")
     if not recorded_now:
         raise ctx.lease_lost(f"starting child workflow {name!r}")
+    if conflict is not None:  # recorded as the step's error: raise exactly what a replay will raise
+        raise failures.rebuild(json.loads(conflict))
+    if owner_name is not None and owner_name != name:
+        raise WorkflowIdConflict(f"workflow id {new_id!r} already belongs to an execution of {owner_name!r}")
     return new_id
 
 

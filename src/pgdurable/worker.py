@@ -27,7 +27,7 @@ from psycopg import sql
 from . import failures, retention, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
-from .errors import LeaseLost
+from .errors import LeaseLost, SerializationError
 from .scheduler import Scheduler
 from .waits import Suspended
 
@@ -362,9 +362,17 @@ class Worker:
             except Exception as exc:
                 if context.lost:
                     return
-                status, output, error = "failed", None, json.dumps(failures.describe(exc))
+                status, output, error = "failed", None, failures.encode(exc)
             assert self._batcher is not None
-            if await self._batcher.submit(Completion(claimed.id, claimed.attempt, status, output, error)):
+            completion = Completion(claimed.id, claimed.attempt, status, output, error)
+            try:
+                completed = await self._batcher.submit(completion)
+            except SerializationError as refused:  # the database refused the result: that is the failure
+                status, completion.status, completion.output = "failed", "failed", None
+                completion.error = failures.encode(SerializationError(
+                    f"the outcome of workflow {claimed.name!r} could not be recorded: {refused}"))
+                completed = await self._batcher.submit(completion)
+            if completed:
                 outcome = status
                 return
             log.warning("execution %s attempt %d: finished, but its lease was lost; result discarded",

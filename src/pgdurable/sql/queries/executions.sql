@@ -55,20 +55,31 @@ RETURNING id;
 SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
 
 -- name: start_owned
--- Insert an execution already claimed by this process (App.start runs it in-process).
-WITH inserted AS (
+-- Insert an execution already claimed by this process (App.start runs it in-process). On a queue with a
+-- policy (concurrency, rate or per-key limits) it is inserted enqueued instead, like any enqueue, so that
+-- the limits decide when it runs and a worker claims it: owned is false then.
+WITH limited AS (
+    SELECT EXISTS (SELECT 1 FROM queues WHERE name = %(queue)s) AS yes
+), inserted AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, status, owner_id,
                                      lease_expires, attempt, started_at, timeout_seconds, deadline, app_version,
                                      trace_context)
-    VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s, 'running',
-            %(owner)s, now() + make_interval(secs => %(lease)s), 1, now(), %(timeout)s,
-            now() + make_interval(secs => %(timeout)s), %(version)s, %(trace)s::jsonb)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
+           CASE WHEN limited.yes THEN 'enqueued' ELSE 'running' END,
+           CASE WHEN limited.yes THEN NULL ELSE %(owner)s END,
+           CASE WHEN limited.yes THEN NULL ELSE now() + make_interval(secs => %(lease)s) END,
+           CASE WHEN limited.yes THEN 0 ELSE 1 END,
+           CASE WHEN limited.yes THEN NULL ELSE now() END,
+           %(timeout)s,
+           CASE WHEN limited.yes THEN NULL ELSE now() + make_interval(secs => %(timeout)s) END,
+           CASE WHEN limited.yes THEN NULL ELSE %(version)s END, %(trace)s::jsonb
+    FROM limited
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, name, true AS created, attempt, input, now() AS db_now
+    RETURNING id, name, true AS created, attempt, input, now() AS db_now, status = 'running' AS owned
 )
-SELECT id, name, created, attempt, input, db_now FROM inserted
+SELECT id, name, created, attempt, input, db_now, owned FROM inserted
 UNION ALL
-SELECT id, name, false, attempt, input, now() FROM workflow_executions
+SELECT id, name, false, attempt, input, now(), false FROM workflow_executions
 WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 
 -- name: claim
@@ -151,7 +162,7 @@ SELECT execution_id, step_id, step_name, CASE WHEN error IS NULL THEN output END
        started_at
 FROM owned
 ON CONFLICT (execution_id, step_id) DO NOTHING
-RETURNING execution_id, step_id;
+RETURNING execution_id, recorded_by_attempt, step_id;
 
 -- name: write_completions
 -- A worker's group commit of finished executions, each only while its writer still owns the attempt.
@@ -166,7 +177,7 @@ SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, err
     owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
 FROM finished f
 WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
-RETURNING e.id, NULL::int;
+RETURNING e.id, e.attempt, NULL::int;
 
 -- name: heartbeat
 -- Extend the leases of the executions this worker is running; the rows returned are what it still owns.

@@ -11,13 +11,14 @@ SELECT now();
 -- An unchanged definition is left alone (no write, no updated_at bump).
 WITH upserted AS (
     INSERT INTO schedules AS s (name, workflow_name, cron, timezone, queue, priority, max_recoveries, args,
-                                pass_scheduled_at, catch_up, next_fire_at)
+                                pass_scheduled_at, catch_up, next_fire_at, timeout_seconds)
     VALUES (%(name)s, %(workflow_name)s, %(cron)s, %(timezone)s, %(queue)s, %(priority)s, %(max_recoveries)s,
-            %(args)s::jsonb, %(pass_scheduled_at)s, %(catch_up)s, %(next_fire_at)s)
+            %(args)s::jsonb, %(pass_scheduled_at)s, %(catch_up)s, %(next_fire_at)s, %(timeout_seconds)s)
     ON CONFLICT (name) DO UPDATE
     SET workflow_name = excluded.workflow_name, cron = excluded.cron, timezone = excluded.timezone,
         queue = excluded.queue, priority = excluded.priority, max_recoveries = excluded.max_recoveries,
         args = excluded.args, pass_scheduled_at = excluded.pass_scheduled_at, catch_up = excluded.catch_up,
+        timeout_seconds = excluded.timeout_seconds,
         next_fire_at = CASE WHEN s.cron IS DISTINCT FROM excluded.cron
                                  OR s.timezone IS DISTINCT FROM excluded.timezone
                                  OR s.last_error IS NOT NULL OR s.next_fire_at IS NULL
@@ -26,10 +27,11 @@ WITH upserted AS (
         last_error = NULL,
         updated_at = now()
     WHERE (s.workflow_name, s.cron, s.timezone, s.queue, s.priority, s.max_recoveries, s.args,
-           s.pass_scheduled_at, s.catch_up)
+           s.pass_scheduled_at, s.catch_up, s.timeout_seconds)
           IS DISTINCT FROM
           (excluded.workflow_name, excluded.cron, excluded.timezone, excluded.queue, excluded.priority,
-           excluded.max_recoveries, excluded.args, excluded.pass_scheduled_at, excluded.catch_up)
+           excluded.max_recoveries, excluded.args, excluded.pass_scheduled_at, excluded.catch_up,
+           excluded.timeout_seconds)
        OR s.last_error IS NOT NULL OR s.next_fire_at IS NULL
     RETURNING s.name, s.workflow_name, s.cron, s.timezone, s.queue, s.priority, s.max_recoveries, s.args,
               s.pass_scheduled_at, s.catch_up, s.paused, s.next_fire_at, s.last_fired_at, s.last_error,
@@ -96,11 +98,11 @@ FOR UPDATE SKIP LOCKED;
 -- name: enqueue_ticks
 -- One execution per tick, from one JSON array of [execution_id, schedule_name, tick]. The id is
 -- deterministic ("sched:<name>:<tick>"), so a tick that was already enqueued is not enqueued again.
-INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries)
+INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, timeout_seconds)
 SELECT r.tick ->> 0, s.workflow_name, s.queue, s.priority,
        CASE WHEN s.pass_scheduled_at THEN s.args || jsonb_build_object('scheduled_at', r.tick ->> 2)
             ELSE s.args END,
-       s.max_recoveries
+       s.max_recoveries, s.timeout_seconds
 FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (tick, n)
 JOIN schedules s ON s.name = r.tick ->> 1
 ORDER BY r.n

@@ -133,7 +133,9 @@ ORDER BY key, step_id;
 
 -- name: enqueue_child
 -- Start a child execution and record its id as the parent's step, in one statement. The child inherits
--- the parent's deadline. Its id is deterministic, so a replay that gets here again finds it.
+-- the parent's deadline. Its id is deterministic, so a replay that gets here again finds it. An id that
+-- already belongs to another workflow is recorded as the step's error (WorkflowIdConflict), so that a
+-- replay raises it again instead of taking the "no conflict" path.
 WITH owned AS (
     SELECT id, deadline FROM workflow_executions
     WHERE id = %(parent)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
@@ -150,17 +152,28 @@ WITH owned AS (
     FROM owned
     ON CONFLICT (id) DO NOTHING
     RETURNING id
+), conflict AS (
+    SELECT jsonb_build_object('type', 'pgdurable.errors.WorkflowIdConflict', 'message', m.message,
+                              'args', jsonb_build_array(m.message)) AS error
+    FROM workflow_executions e,
+         LATERAL (SELECT format('workflow id %%s already belongs to an execution of %%s, not %%s',
+                                quote_literal(e.id), quote_literal(e.name), quote_literal(%(name)s::text))
+                  AS message) AS m
+    WHERE e.id = %(id)s AND e.name <> %(name)s AND NOT EXISTS (SELECT 1 FROM child)
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
                                    recorded_by_attempt, started_at)
-    SELECT owned.id, %(step_id)s, %(step_name)s, to_jsonb(%(id)s::text), NULL, 1, %(attempt)s, %(started_at)s
-    FROM owned
+    SELECT owned.id, %(step_id)s, %(step_name)s,
+           CASE WHEN conflict.error IS NULL THEN to_jsonb(%(id)s::text) END, conflict.error, 1, %(attempt)s,
+           %(started_at)s
+    FROM owned LEFT JOIN conflict ON true
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM recorded),
        (SELECT count(*) FROM child),
-       (SELECT name FROM workflow_executions WHERE id = %(id)s);
+       (SELECT name FROM workflow_executions WHERE id = %(id)s),
+       (SELECT error::text FROM conflict);
 
 -- name: awaited_status
 -- The outcome of awaited executions, and the waiter's wake-up count from the same snapshot: a child
@@ -179,13 +192,17 @@ ORDER BY created_at, id;
 
 -- name: fork
 -- A new execution of the same workflow and input that reuses the recorded steps before %(from_step)s
--- and runs from there (on whichever application version claims it).
+-- and runs from there (on whichever application version claims it). It keeps the source's options
+-- (queue, priority, recoveries, timeout, concurrency key), all but its dedup key: a fork is a deliberate
+-- second run.
 WITH source AS (
     SELECT * FROM workflow_executions WHERE id = %(source)s
 ), forked AS (
     INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, timeout_seconds,
-                                     forked_from)
-    SELECT %(id)s, name, queue, priority, input, max_recoveries, timeout_seconds, id FROM source
+                                     concurrency_key, trace_context, forked_from)
+    SELECT %(id)s, name, queue, priority, input, max_recoveries, timeout_seconds, concurrency_key,
+           trace_context, id
+    FROM source
     RETURNING id, name
 ), copied AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
