@@ -66,7 +66,7 @@ def test_unstorable_step_outputs_fail_their_own_step_and_no_one_else(
         app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
     @app.step()
     def produce(kind: str) -> Any:
-        return POISON[kind] if kind in POISON else kind
+        return POISON.get(kind, kind)
 
     @app.step()
     def raise_with_nul() -> None:

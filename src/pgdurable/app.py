@@ -88,6 +88,10 @@ class App:
         """
 
         limits.timeout_seconds(timeout_seconds)
+        limits.queue_name(queue)
+        limits.priority(priority)
+        if max_recoveries is not None:
+            limits.max_recoveries(max_recoveries)
 
         def register(fn: Callable[..., Any]) -> Workflow[..., Any]:
             workflow = Workflow(fn, name=name or default_name(fn), queue=queue, priority=priority,
@@ -234,12 +238,18 @@ class App:
         if definition is None:
             raise TypeError("enqueue_many takes a workflow registered on this App")
         delay = limits.delay_seconds(delay)
+        if queue is not None:
+            limits.queue_name(queue)
+        if priority is not None:
+            limits.priority(priority)
         bound = [self._bind(definition, *_split(item)) for item in arguments]
         ids = list(workflow_ids) if workflow_ids is not None else [str(uuid.uuid4()) for _ in bound]
         if len(ids) != len(bound):
             raise ValueError(f"{len(ids)} workflow_ids for {len(bound)} argument sets")
         if len(set(ids)) != len(ids):
             raise ValueError("workflow_ids must be distinct")
+        for workflow_id in ids if workflow_ids is not None else ():
+            limits.key(workflow_id, "workflow_id")
         calls = []
         for i in range(0, len(ids), _BULK_CHUNK):
             chunk = list(zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True))
@@ -303,9 +313,16 @@ class App:
         timeout_seconds = limits.timeout_seconds(timeout_seconds)
         if on_duplicate not in ("return", "raise"):
             raise ValueError('on_duplicate must be "return" or "raise"')
-        for label, key in (("dedup_key", dedup_key), ("concurrency_key", concurrency_key)):
-            if key is not None and not 1 <= len(key) <= 200:
-                raise ValueError(f"{label} must be 1 to 200 characters")
+        for label, key in (("workflow_id", workflow_id), ("dedup_key", dedup_key),
+                           ("concurrency_key", concurrency_key)):
+            if key is not None:
+                limits.key(key, label)
+        if queue is not None:
+            limits.queue_name(queue)
+        if priority is not None:
+            limits.priority(priority)
+        if max_recoveries is not None:
+            limits.max_recoveries(max_recoveries)
         call = store.enqueue(
             id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
             priority=default_priority if priority is None else priority, input=input_text,
@@ -385,6 +402,12 @@ class App:
         definition = self._resolve(workflow)
         assert definition is not None
         timeout_seconds = limits.timeout_seconds(timeout_seconds)
+        if workflow_id is not None:
+            limits.key(workflow_id, "workflow_id")
+        if priority is not None:
+            limits.priority(priority)
+        if max_recoveries is not None:
+            limits.max_recoveries(max_recoveries)
         runtime = self._local_runtime()
         input_text = self._encode_arguments(definition, args, kwargs)
         row = self.db.run(store.start_owned(

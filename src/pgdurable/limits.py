@@ -7,6 +7,7 @@ that passes here is one every later statement (claim, timer, deadlines, read pat
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 # Ten years: far beyond any real timeout or delay, far below anything that overflows a timestamp.
@@ -40,3 +41,42 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"{what} must be a finite number of seconds, not {value!r}")
     return seconds
+
+
+_INT4 = 2 ** 31
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+
+def priority(value: Any) -> int:
+    """An integer PostgreSQL's ``integer`` column holds."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -_INT4 <= value < _INT4:
+        raise ValueError(f"priority must be an integer from {-_INT4:,} to {_INT4 - 1:,}, not {value!r}")
+    return value
+
+
+def max_recoveries(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _INT4:
+        raise ValueError(f"max_recoveries must be an integer from 0 to {_INT4 - 1:,}, not {value!r}")
+    return value
+
+
+def queue_name(value: Any) -> str:
+    if not isinstance(value, str) or not _QUEUE_NAME.fullmatch(value):
+        raise ValueError(f"queue name {value!r} is not valid: 1 to 100 letters, digits, or _ . : -")
+    return value
+
+
+def key(value: Any, what: str) -> str:
+    """A caller-chosen id or key: 1 to 200 characters of text PostgreSQL can store."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, not {type(value).__name__}")
+    if not 1 <= len(value) <= 200:
+        raise ValueError(f"{what} must be 1 to 200 characters")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters (PostgreSQL cannot store them)")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} contains a lone UTF-16 surrogate, which is not valid UTF-8") from None
+    return value
