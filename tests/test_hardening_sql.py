@@ -8,7 +8,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -215,6 +215,19 @@ def test_one_row_cannot_make_a_claim_fail(database_url: str, schema: str, owner:
         app.handle(workflow_id).result(timeout=30)
     assert owner.execute("SELECT max(deadline) < now() + interval '10 years 1 day' FROM workflow_executions"
                          ).fetchone() == (True,)
+
+
+def test_sleeping_until_the_end_of_time_stays_within_the_tables_limits(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    @app.workflow(name="hardening_forever")
+    def forever() -> None:
+        pgdurable.sleep_until(datetime.max.replace(tzinfo=UTC))
+
+    start_worker(app)
+    handle = app.enqueue(forever)
+    wait_for(lambda: execution(app, handle.workflow_id).status == "waiting", 30, "the workflow to sleep")
+    assert execution(app, handle.workflow_id).available_at == datetime(9999, 12, 30, tzinfo=UTC)
+    assert [w.id for w in app.list_workflows(status="waiting")] == [handle.workflow_id]
 
 
 # -- 9, 11: roles keep exactly their grants across upgrades ---------------------------------------------------

@@ -23,6 +23,10 @@
 -- 1 to 9999, with a day of margin for time zones). enqueue_workflow is stricter about start times
 -- (within 10 years of now).
 
+-- No writer may add a bad row between the repair and the constraints (which take these locks anyway): lock
+-- both tables first, in the order the policy claim takes them.
+LOCK TABLE queues, workflow_executions IN ACCESS EXCLUSIVE MODE;
+
 -- Repair: unfinished executions with a value outside the limits fail with an error that names it; finished
 -- ones just lose the value (NULL). NaN compares greater than every number, so "NOT (x <= limit)" catches it.
 WITH bad AS (
