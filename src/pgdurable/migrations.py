@@ -73,7 +73,8 @@ def migrate(conninfo: str, schema: str, *, target: int | None = None) -> list[in
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(version)
                 log.info("applied migration %04d_%s to schema %s", version, name, schema)
-            row = conn.execute("SELECT to_regprocedure('reapply_role_grants()') IS NOT NULL").fetchone()
-            if applied and row and row[0]:
-                conn.execute("SELECT reapply_role_grants()")
+            if applied:
+                row = conn.execute("SELECT to_regprocedure('reapply_role_grants()') IS NOT NULL").fetchone()
+                if row and row[0]:
+                    conn.execute("SELECT reapply_role_grants()")
         return applied
