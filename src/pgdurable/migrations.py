@@ -34,8 +34,16 @@ def applied_version(conn: psycopg.Connection[Any], schema: str) -> int:
     return int(version[0]) if version else 0
 
 
-def migrate(conninfo: str, schema: str) -> list[int]:
-    """Bring ``schema`` up to date; returns the versions this call applied (empty if none were needed)."""
+def migrate(conninfo: str, schema: str, *, target: int | None = None) -> list[int]:
+    """Bring ``schema`` up to date (or up to version ``target``, for tests of upgrades); returns the versions
+    this call applied (empty if none were needed).
+
+    After applying migrations, the grants of the roles recorded by ``grant_application_role`` and
+    ``grant_worker_role`` are applied again (version 8 on), so tables and functions that a migration
+    created or recreated are granted to the roles that existed before it."""
+    if target is not None and target not in {version for version, _, _ in migrations()}:
+        raise ValueError(f"no migration has version {target}")
+    goal = latest_version() if target is None else target
     with psycopg.connect(conninfo, autocommit=True) as conn:
         found = applied_version(conn, schema)
         if found > latest_version():
@@ -43,7 +51,7 @@ def migrate(conninfo: str, schema: str) -> list[int]:
                 f"schema {schema!r} is at version {found}, but this pgdurable knows versions up to "
                 f"{latest_version()}: a newer pgdurable migrated it. Upgrade pgdurable here; running older code "
                 "against a newer schema is refused")
-        if found == latest_version():
+        if found >= goal:
             return []
         applied: list[int] = []
         with conn.transaction():
@@ -59,10 +67,14 @@ def migrate(conninfo: str, schema: str) -> list[int]:
             )
             done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
             for version, name, text in migrations():
-                if version in done:
+                if version in done or version > goal:
                     continue
                 conn.execute(text)
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(version)
                 log.info("applied migration %04d_%s to schema %s", version, name, schema)
+            if applied:
+                row = conn.execute("SELECT to_regprocedure('reapply_role_grants()') IS NOT NULL").fetchone()
+                if row and row[0]:
+                    conn.execute("SELECT reapply_role_grants()")
         return applied

@@ -86,6 +86,7 @@ class Fired:
     enqueued: list[str] = field(default_factory=list)  # of those, the ones it created (all, unless the id was
                                                        # already taken: a next_fire_at moved back by hand)
     paused: dict[str, str] = field(default_factory=dict)  # schedule name -> why
+    squatted: list[str] = field(default_factory=list)  # tick ids held by an execution no firing created
     more: bool = False  # something is still due: run another pass at once
 
 
@@ -121,6 +122,16 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], *, limit: int = _BATCH) -
         created = await store.arun(conn, schedules.enqueue_ticks(json.dumps(ticks)))
         outcome.fired = [tick[0] for tick in ticks]
         outcome.enqueued = [tick[0] for tick in ticks if tick[0] in created]
+        taken = [tick for tick in ticks if tick[0] not in created]
+        if taken:
+            # enqueue_workflow refuses "sched:" ids, but an older version did not, and a role with the tables'
+            # privileges can still write one: such a row silently takes the tick's place, so say so.
+            for name, tick_id, workflow_name, created_at in await store.arun(
+                    conn, schedules.squatted_ticks(json.dumps(taken))):
+                log.warning("schedule %s: tick %s did not fire: its execution id is already taken by an execution "
+                            "of workflow %r created at %s, which no firing of this schedule created",
+                            name, tick_id, workflow_name, created_at.isoformat())
+                outcome.squatted.append(tick_id)
     if advanced:
         await store.arun(conn, schedules.advance_schedules(json.dumps(advanced)))
     if invalid:

@@ -116,6 +116,12 @@ def enqueue_ticks(rows: str) -> Call[set[str]]:
     return Call("enqueue_ticks", {"rows": rows}, lambda found: {row[0] for row in found})
 
 
+def squatted_ticks(rows: str) -> Call[list[tuple[Any, ...]]]:
+    """``rows``: a JSON array of [execution_id, schedule_name, tick] not enqueued; returns (schedule_name,
+    execution_id, workflow_name, created_at) of those held by an execution no firing created."""
+    return Call("squatted_ticks", {"rows": rows}, lambda found: found)
+
+
 def advance_schedules(rows: str) -> Call[None]:
     """``rows``: a JSON array of [schedule_name, next_fire_at, last_fired_at or null]."""
     return Call("advance_schedules", {"rows": rows}, lambda found: None)

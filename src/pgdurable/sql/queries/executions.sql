@@ -110,7 +110,9 @@ SET status = 'running',
     updated_at = now(),
     app_version = %(version)s,
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
-                    THEN least(coalesce(e.deadline, 'infinity'), now() + make_interval(secs => e.timeout_seconds))
+                    -- clamped (the table's CHECK holds it there too): no row can make the claim raise
+                    THEN least(coalesce(e.deadline, 'infinity'),
+                               now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
                     ELSE e.deadline END
 FROM picked
 WHERE e.id = picked.id

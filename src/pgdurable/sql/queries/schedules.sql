@@ -109,6 +109,18 @@ ORDER BY r.n
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
+-- name: squatted_ticks
+-- Of ticks that enqueue_ticks did not enqueue (their id was taken), from one JSON array of
+-- [execution_id, schedule_name, tick]: those whose id is held by an execution that no firing of this tick
+-- created, because it runs another workflow or was created before the tick was due (a firing enqueues a
+-- tick at or after its time, by the database's clock). Such a row suppresses the tick.
+SELECT r.tick ->> 1, e.id, e.name, e.created_at
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r (tick)
+JOIN schedules s ON s.name = r.tick ->> 1
+JOIN workflow_executions e ON e.id = r.tick ->> 0
+WHERE e.name <> s.workflow_name OR e.created_at < (r.tick ->> 2)::timestamptz
+ORDER BY 1, 2;
+
 -- name: advance_schedules
 -- From one JSON array of [schedule_name, next_fire_at, last_fired_at or null].
 UPDATE schedules s

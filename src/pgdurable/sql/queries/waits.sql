@@ -5,10 +5,13 @@
 -- name: suspend
 -- Give up the worker slot: the execution waits until %(wake_at)s (NULL: until woken) for %(reason)s.
 -- With %(wakeups)s given, only if nothing tried to wake it since the worker looked (else no row: look
--- again). No row either when the writer no longer owns the execution.
+-- again). No row either when the writer no longer owns the execution. A wake-up later than the table allows
+-- (sleep_until(datetime.max)) is stored as the latest time it allows: the workflow, woken then, sleeps again.
 UPDATE workflow_executions
 SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = %(reason)s,
-    available_at = %(wake_at)s::timestamptz, updated_at = now()
+    available_at = CASE WHEN %(wake_at)s::timestamptz > '9999-12-30 00:00:00+00'
+                        THEN '9999-12-30 00:00:00+00' ELSE %(wake_at)s::timestamptz END,
+    updated_at = now()
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
   AND (%(wakeups)s::bigint IS NULL OR wakeups = %(wakeups)s::bigint)
 RETURNING id;
