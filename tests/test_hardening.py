@@ -361,6 +361,23 @@ def test_times_out_of_range_are_refused_everywhere(app: pgdurable.App) -> None:
             app.enqueue(noop, delay=bad)
         with pytest.raises(ValueError, match="delay"):
             app.enqueue_many(noop, [()], delay=bad)
+    for bad_id in ("", "x" * 201, "a\x00b", "\ud800", "sched:daily:2026-12-01T00:00:00Z"):
+        with pytest.raises(ValueError, match="workflow_id"):
+            app.enqueue(noop, workflow_id=bad_id)
+        with pytest.raises(ValueError, match="workflow_id"):
+            app.enqueue_many(noop, [()], workflow_ids=[bad_id])
+    for bad_key in ("", "a\x00b"):
+        with pytest.raises(ValueError, match="dedup_key"):
+            app.enqueue(noop, dedup_key=bad_key)
+    with pytest.raises(ValueError, match="priority"):
+        app.enqueue(noop, priority=2 ** 31)
+    with pytest.raises(ValueError, match="queue"):
+        app.enqueue(noop, queue="no spaces")
+    for bad_period in (float("nan"), float("inf"), 1e12, 0.0):
+        with pytest.raises(ValueError, match="rate_period"):
+            app.queue("limited", rate_limit=10, rate_period=bad_period)
+    with pytest.raises(ValueError, match="concurrency"):
+        app.queue("limited", concurrency=2 ** 31)
     assert app.list_workflows() == []
 
 

@@ -249,7 +249,7 @@ class App:
         if len(set(ids)) != len(ids):
             raise ValueError("workflow_ids must be distinct")
         for workflow_id in ids if workflow_ids is not None else ():
-            limits.key(workflow_id, "workflow_id")
+            limits.workflow_id(workflow_id)
         calls = []
         for i in range(0, len(ids), _BULK_CHUNK):
             chunk = list(zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True))
@@ -313,8 +313,9 @@ class App:
         timeout_seconds = limits.timeout_seconds(timeout_seconds)
         if on_duplicate not in ("return", "raise"):
             raise ValueError('on_duplicate must be "return" or "raise"')
-        for label, key in (("workflow_id", workflow_id), ("dedup_key", dedup_key),
-                           ("concurrency_key", concurrency_key)):
+        if workflow_id is not None:
+            limits.workflow_id(workflow_id)
+        for label, key in (("dedup_key", dedup_key), ("concurrency_key", concurrency_key)):
             if key is not None:
                 limits.key(key, label)
         if queue is not None:
@@ -403,7 +404,7 @@ class App:
         assert definition is not None
         timeout_seconds = limits.timeout_seconds(timeout_seconds)
         if workflow_id is not None:
-            limits.key(workflow_id, "workflow_id")
+            limits.workflow_id(workflow_id)
         if priority is not None:
             limits.priority(priority)
         if max_recoveries is not None:
@@ -471,10 +472,14 @@ class App:
         starts (or now, with ``apply_queue_policies``); a queue without limits claims on the fast path."""
         for label, value in (("concurrency", concurrency), ("worker_concurrency", worker_concurrency),
                              ("rate_limit", rate_limit), ("key_concurrency", key_concurrency)):
-            if value is not None and value < 1:
-                raise ValueError(f"queue {name!r}: {label} must be at least 1")
-        if (rate_limit is None) != (rate_period is None) or (rate_period is not None and rate_period <= 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 1 <= value < 2 ** 31):
+                raise ValueError(f"queue {name!r}: {label} must be an integer from 1 to {2 ** 31 - 1:,}")
+        limits.queue_name(name)
+        if (rate_limit is None) != (rate_period is None):
             raise ValueError(f"queue {name!r}: give rate_limit and a positive rate_period together")
+        if rate_period is not None:
+            rate_period = limits.rate_period(rate_period)
         policy = store.QueuePolicy(name, concurrency, worker_concurrency, rate_limit, rate_period, key_concurrency)
         self.queue_policies[name] = policy
         return policy

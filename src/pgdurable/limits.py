@@ -80,3 +80,23 @@ def key(value: Any, what: str) -> str:
         except UnicodeEncodeError:
             raise ValueError(f"{what} contains a lone UTF-16 surrogate, which is not valid UTF-8") from None
     return value
+
+
+# Ids of schedule ticks: only the scheduler creates them (so nobody can squat a tick and suppress it).
+RESERVED_ID_PREFIX = "sched:"
+
+
+def workflow_id(value: Any) -> str:
+    """A caller-chosen execution id: a key, and not in the scheduler's reserved namespace."""
+    key(value, "workflow_id")
+    if value.startswith(RESERVED_ID_PREFIX):
+        raise ValueError(f"workflow_id {value!r}: ids starting with {RESERVED_ID_PREFIX!r} are reserved for schedule ticks")
+    return str(value)
+
+
+def rate_period(value: Any) -> float:
+    seconds = _number(value, "rate_period")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError(f"rate_period must be a finite number of seconds above 0 and at most {MAX_SECONDS:,} "
+                         f"(10 years), not {value!r}")
+    return seconds
