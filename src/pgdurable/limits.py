@@ -90,7 +90,8 @@ def workflow_id(value: Any) -> str:
     """A caller-chosen execution id: a key, and not in the scheduler's reserved namespace."""
     key(value, "workflow_id")
     if value.startswith(RESERVED_ID_PREFIX):
-        raise ValueError(f"workflow_id {value!r}: ids starting with {RESERVED_ID_PREFIX!r} are reserved for schedule ticks")
+        raise ValueError(f"workflow_id {value!r}: ids starting with {RESERVED_ID_PREFIX!r} are reserved for "
+                         "schedule ticks")
     return str(value)
 
 
