@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from . import store
+from . import display, store
 from .app import App
 from .errors import ConfigurationError
 from .schedules import CatchUp, Schedule
@@ -65,13 +66,12 @@ def _load_app(target: str) -> App:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
+    return display.plain(value)
 
 
 def _payload(text: str | None) -> Any:
-    return json.loads(text) if text else None
+    """Stored JSON decoded, or a note saying why it cannot be shown (nested too deeply): never a crash."""
+    return display.json_or_note(text) if text else None
 
 
 def _execution_dict(execution: store.Execution) -> dict[str, Any]:
@@ -84,17 +84,32 @@ def _execution_dict(execution: store.Execution) -> dict[str, Any]:
 def _step_dict(step: store.Step) -> dict[str, Any]:
     data = {name: _jsonable(getattr(step, name)) for name in store.Step.__slots__}
     data["output"], data["error"] = _payload(step.output), _payload(step.error)
-    data["duration_ms"] = round((step.completed_at - step.started_at).total_seconds() * 1000, 3)
+    data["duration_ms"] = _millis(step.started_at, step.completed_at)
     return data
 
 
+def _millis(start: datetime, end: datetime) -> float | None:
+    if isinstance(start, display.ExtremeTime) or isinstance(end, display.ExtremeTime):
+        return None
+    return round((end - start).total_seconds() * 1000, 3)
+
+
+def _dump(value: Any) -> str:
+    """JSON for scripts: strict (no NaN), whatever the rows hold."""
+    return json.dumps(display.plain(value), indent=2, allow_nan=False)
+
+
 def _short(value: Any, width: int = 40) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    text = value if isinstance(value, str) else display.dumps(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _when(value: datetime | None) -> str:
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
+    return display.format_time(value, None)
+
+
+def _error(text: str | None) -> dict[str, Any]:
+    return display.error_fields(text) or {}
 
 
 @cli.command()
@@ -180,13 +195,13 @@ def list_workflows(
     with _app(database_url, schema) as app:
         executions = app.list_workflows(status=status, name=name, queue=queue, limit=limit)
     if as_json:
-        print(json.dumps([_execution_dict(e) for e in executions], indent=2))
+        print(_dump([_execution_dict(e) for e in executions]))
         return
     table = Table("id", "name", "queue", "status", "attempt", "created", "completed", "error")
     for e in executions:
-        error = (e.error_info or {}).get("message", "")
-        table.add_row(e.id, e.name, e.queue, e.status, str(e.attempt), _when(e.created_at),
-                      _when(e.completed_at), _short(error))
+        error = _error(e.error).get("message", "")
+        table.add_row(Text(e.id), Text(e.name), e.queue, Text(e.status), str(e.attempt), _when(e.created_at),
+                      _when(e.completed_at), Text(_short(error)))
     console.print(table)
 
 
@@ -204,17 +219,17 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         events = app.db.run(store.list_events(workflow_id))
         messages = app.db.run(store.list_messages(workflow_id))
     if execution is None:
-        console.print(f"[red]no execution with id {workflow_id}[/red]")
+        console.print(f"[red]no execution with id {escape(workflow_id)}[/red]")
         raise typer.Exit(1)
     if as_json:
-        print(json.dumps({
+        print(_dump({
             **_execution_dict(execution), "steps": [_step_dict(s) for s in steps],
             "children": [{"id": c[0], "name": c[1], "status": c[2]} for c in children],
             "events": [{"key": e.key, "step_id": e.step_id, "value": _payload(e.value),
                         "created_at": _jsonable(e.created_at)} for e in events],
             "messages": [{"topic": m.topic, "message": _payload(m.message), "created_at": _jsonable(m.created_at),
                           "consumed_at": _jsonable(m.consumed_at)} for m in messages],
-        }, indent=2))
+        }))
         return
     summary = Table.grid(padding=(0, 2))
     for label, value in [
@@ -229,26 +244,29 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         ("completed", _when(execution.completed_at)), ("input", _short(_payload(execution.input), 100)),
         ("output", _short(_payload(execution.output), 100) if execution.output else ""),
     ]:
-        summary.add_row(f"[bold]{label}[/bold]", value)
+        summary.add_row(f"[bold]{label}[/bold]", Text(value))  # data, not markup
     console.print(summary)
-    if execution.error_info:
-        console.print(f"[red]error[/red] {execution.error_info.get('type')}: {execution.error_info.get('message')}")
-        if execution.error_info.get("traceback"):
-            console.print(execution.error_info["traceback"], markup=False, highlight=False)
+    error = _error(execution.error)
+    if error:
+        console.print(f"[red]error[/red] {escape(error['type'])}: {escape(error['message'])}", highlight=False)
+        if error["traceback"]:
+            console.print(error["traceback"], markup=False, highlight=False)
     table = Table("step", "name", "outcome", "attempts", "by attempt", "started", "ms")
     for s in steps:
-        outcome = f"[red]{_short(_payload(s.error)['message'])}[/red]" if s.error else _short(_payload(s.output))
-        duration = (s.completed_at - s.started_at).total_seconds() * 1000
-        table.add_row(str(s.step_id), s.step_name, outcome, str(s.attempts), str(s.recorded_by_attempt),
-                      _when(s.started_at), f"{duration:.1f}")
+        outcome = f"[red]{escape(_short(_error(s.error)['message']))}[/red]" if s.error \
+            else escape(_short(_payload(s.output)))
+        duration = _millis(s.started_at, s.completed_at)
+        table.add_row(str(s.step_id), Text(s.step_name), outcome, str(s.attempts), str(s.recorded_by_attempt),
+                      _when(s.started_at), "" if duration is None else f"{duration:.1f}")
     console.print(table)
     if children:
         kids = Table("child", "workflow", "status", title=f"{len(children)} child workflows")
         for c in children[:50]:
-            kids.add_row(c[0], c[1], c[2])
+            kids.add_row(Text(c[0]), Text(c[1]), Text(c[2]))
         console.print(kids)
     for e in events:
-        console.print(f"event [bold]{e.key}[/bold] (step {e.step_id}): {_short(_payload(e.value))}")
+        console.print(f"event [bold]{escape(e.key)}[/bold] (step {e.step_id}): {escape(_short(_payload(e.value)))}",
+                      highlight=False)
 
 
 @workflows_cli.command("fork")
@@ -572,7 +590,7 @@ def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJ
     finally:
         app.close()
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(_dump(report.to_json()))
     else:
         health.render(report, console)
     raise typer.Exit(report.exit_code)

@@ -13,19 +13,23 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import store
+from .display import register_loaders
 from .migrations import migrate
 
 T = TypeVar("T")
 
 
 def configure(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Make a connection speak to pgdurable: its schema first on the search_path, jsonb kept as text."""
+    """Make a connection speak to pgdurable: its schema first on the search_path, jsonb kept as text, and
+    any timestamptz loaded (infinity or a year past 9999 as display.ExtremeTime, not DataError)."""
     conn.adapters.register_loader("jsonb", TextLoader)
+    register_loaders(conn.adapters)
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
 
 
 async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
+    register_loaders(conn.adapters)
     await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
 
 
