@@ -11,27 +11,54 @@ import sys
 from datetime import datetime
 from typing import Annotated, Any, cast
 
+import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from . import display, store
 from .app import App
 from .errors import ConfigurationError
+from .redaction import describe, redact
 from .schedules import CatchUp, Schedule
 
-cli = typer.Typer(help="Durable Python workflows with PostgreSQL as the only orchestrator.\n\n"
+
+class _Commands(TyperGroup):
+    """Every command: a configuration error (a malformed database URL...) or a database that cannot be reached
+    is a message and exit code 2, never a traceback; no message quotes the database password."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigurationError as exc:
+            _fail(redact(str(exc)))
+        except psycopg.OperationalError as exc:
+            _fail(f"the database cannot be reached: {describe(exc)}")
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"pgdurable: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+# Tracebacks never show local variables: they would show the database URL with its password.
+_NO_LOCALS: dict[str, Any] = {"pretty_exceptions_show_locals": False}
+cli = typer.Typer(cls=_Commands, **_NO_LOCALS,
+                  help="Durable Python workflows with PostgreSQL as the only orchestrator.\n\n"
                        "Exit codes: 0 done; 1 not done (no such execution, nothing to change, or something "
                        "needs attention); 2 bad input or the database cannot be used. Commands that read or "
                        "change state take --json for scripts.",
                   no_args_is_help=True, add_completion=False)
-workflows_cli = typer.Typer(help="Inspect and steer workflow executions.", no_args_is_help=True)
+workflows_cli = typer.Typer(**_NO_LOCALS, help="Inspect and steer workflow executions.", no_args_is_help=True)
 cli.add_typer(workflows_cli, name="workflows")
-queues_cli = typer.Typer(help="Queue policies: concurrency, rate and per-key limits.", no_args_is_help=True)
+queues_cli = typer.Typer(**_NO_LOCALS, help="Queue policies: concurrency, rate and per-key limits.",
+                         no_args_is_help=True)
 cli.add_typer(queues_cli, name="queues")
-schedules_cli = typer.Typer(help="Cron schedules: a workflow enqueued at every tick of a cron expression.",
+schedules_cli = typer.Typer(**_NO_LOCALS,
+                            help="Cron schedules: a workflow enqueued at every tick of a cron expression.",
                             no_args_is_help=True)
 cli.add_typer(schedules_cli, name="schedules")
 console = Console()
@@ -146,7 +173,8 @@ def worker(
     try:
         wait_for_database(app.db, wait_for_db)
     except ConfigurationError as exc:
-        console.print(f"[red]pgdurable worker: {exc}[/red]")
+        console.print(f"pgdurable worker: {redact(str(exc))}", style="red", markup=False, highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(2) from None
 
     runner = app.worker(queues=queue or None, concurrency=concurrency)
@@ -170,7 +198,10 @@ def migrate(database_url: DatabaseUrl = None, schema: Schema = None, as_json: As
     try:
         applied = app.migrate()
     except ConfigurationError as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(redact(str(exc)), style="red", markup=False)
+        raise typer.Exit(2) from None
+    except psycopg.OperationalError as exc:
+        console.print(f"the database cannot be reached: {describe(exc)}", style="red", markup=False)
         raise typer.Exit(2) from None
     finally:
         app.close()
@@ -573,15 +604,14 @@ _DASHBOARD_EPILOG = (
 @cli.command(epilog=_STATUS_EPILOG)
 def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
     """Queues (ready, waiting, running), live workers, stuck work and database health, with an exit code."""
-    import psycopg
-
     from . import status as health
 
     app = App(database_url, schema=schema, auto_migrate=False)
     try:
         report = health.collect(app.db.conninfo, app.schema)
-    except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (ConfigurationError, psycopg.OperationalError) as exc:
+        # A malformed URL or a database that does not answer; never with the URL's password.
+        reason = redact(str(exc)) if isinstance(exc, ConfigurationError) else describe(exc)
         if as_json:
             print(json.dumps({"healthy": False, "exit_code": health.UNREACHABLE, "error": reason}))
         else:
@@ -607,7 +637,6 @@ def cleanup(
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
     """Delete finished executions with their steps, messages and events, in batches that never block workers."""
-    import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import retention
@@ -632,7 +661,7 @@ def cleanup(
         console.print(f"[red]pgdurable cleanup: pgdurable is not installed in schema {escape(app.schema)}[/red]")
         raise typer.Exit(2) from None
     except psycopg.OperationalError as exc:
-        console.print(f"[red]pgdurable cleanup: database unreachable: {escape(str(exc).strip())}[/red]")
+        console.print(f"[red]pgdurable cleanup: database unreachable: {escape(describe(exc))}[/red]")
         raise typer.Exit(2) from None
     if as_json:
         key = "would_delete" if dry_run else "deleted"

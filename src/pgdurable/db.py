@@ -14,7 +14,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import store
 from .display import register_loaders
-from .migrations import migrate
+from .migrations import applied_version, migrate
+from .redaction import check_database_url
 
 T = TypeVar("T")
 
@@ -56,7 +57,8 @@ class Database:
         if self._conninfo is None:
             with self._lock:
                 if self._conninfo is None:
-                    self._conninfo = self._conninfo_source()
+                    # A malformed URL is refused here, once, with its password redacted (libpq would quote it).
+                    self._conninfo = check_database_url(self._conninfo_source())
         return self._conninfo
 
     def ensure_schema(self) -> None:
@@ -64,6 +66,12 @@ class Database:
             if self.auto_migrate:
                 migrate(self.conninfo, self.schema)
             self._migrated = True
+
+    def check(self, connect_timeout: int = 10) -> int:
+        """Connect once and return the schema's migration version: raises psycopg.OperationalError when the
+        database does not answer (a worker that does not migrate checks this before it starts)."""
+        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=connect_timeout) as conn:
+            return applied_version(conn, self.schema)
 
     # -- sync ---------------------------------------------------------------------------------------------
 
