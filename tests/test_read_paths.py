@@ -183,3 +183,23 @@ def test_time_and_json_helpers_never_raise() -> None:
     assert views.duration(1e300) and views.duration(-1e300) is not None
     assert "nested too deeply" in str(views.json_html(DEEP))
     assert views.json_html(json.dumps(list(range(3)))) is not None
+
+
+def test_loaders_keep_postgresql_text_of_extreme_times_in_text_and_binary(database_url: str) -> None:
+    from pgdurable.display import ExtremeTime, register_loaders
+
+    query = ("SELECT 'infinity'::timestamptz, '-infinity'::timestamptz, '20000-01-01 12:34:56+00'::timestamptz, "
+             "'0044-03-15 00:00:00+00 BC'::timestamptz, '2026-01-01 00:00:00+00'::timestamptz")
+    with psycopg.connect(database_url) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        register_loaders(conn.adapters)
+        for binary in (False, True):
+            row = conn.cursor(binary=binary).execute(query).fetchone()
+            assert row is not None
+            assert [str(v) for v in row[:4]] == ["infinity", "-infinity", "20000-01-01 12:34:56+00",
+                                                 "0044-03-15 00:00:00+00 BC"]
+            assert all(isinstance(v, ExtremeTime) for v in row[:4]) and not isinstance(row[4], ExtremeTime)
+            assert row[0] > row[4] > row[1] and row[2] > row[4] > row[3]
+            # PostgreSQL reads each back as the same time
+            same = conn.execute("SELECT %s::timestamptz = %s::timestamptz", (row[2].source, "20000-01-01 12:34:56+00"))
+            assert same.fetchone() == (True,)

@@ -83,7 +83,25 @@ class _TimestamptzBinaryLoader(TimestamptzBinaryLoader):
                 return extreme_time("infinity")
             if micros == -(2**63):
                 return extreme_time("-infinity")
-            return extreme_time("-out of range" if micros < 0 else "out of range")
+            return extreme_time(_text_of(micros))
+
+
+def _text_of(micros: int) -> str:
+    """PostgreSQL's text of a binary timestamptz (microseconds since 2000-01-01 UTC) out of datetime's range."""
+    days, rest = divmod(micros, 86_400_000_000)
+    z = days + 10_957 + 719_468  # days since 0000-03-01 (civil_from_days, proleptic Gregorian)
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day, month = doy - (153 * mp + 2) // 5 + 1, mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    seconds, us = divmod(rest, 1_000_000)
+    clock = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" + (f".{us:06d}" if us else "")
+    if year <= 0:
+        return f"{1 - year:04d}-{month:02d}-{day:02d} {clock}+00 BC"
+    return f"{year:04d}-{month:02d}-{day:02d} {clock}+00"
 
 
 def register_loaders(adapters: AdaptersMap) -> None:
