@@ -76,7 +76,7 @@ def insert(conn: psycopg.Connection[Any], table: str, columns: dict[str, str]) -
     try:
         with conn.transaction():
             conn.execute(statement)
-    except (psycopg.errors.CheckViolation, psycopg.errors.RaiseException):
+    except (psycopg.errors.IntegrityError, psycopg.errors.DataException, psycopg.errors.RaiseException):
         _drop_validation(conn, table)
         conn.execute(statement)
 
