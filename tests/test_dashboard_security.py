@@ -152,7 +152,8 @@ def test_a_read_only_dashboard_off_loopback_needs_allowed_hosts_or_a_token() -> 
                                       "--database-url", "postgresql://unused"])
     assert result.exit_code == 2 and "--allowed-host" in result.output
     assert allowed_host_names("0.0.0.0", []) is None
-    assert allowed_host_names("0.0.0.0", ["Dash.Internal"]) == ("dash.internal",)
+    assert allowed_host_names("0.0.0.0", ["Dash.Internal", "other.example:8080", "::1"]) == (
+        "dash.internal", "other.example", "::1")
     assert allowed_host_names("127.0.0.1", ["dash.internal"]) == (*LOOPBACK_HOSTS, "dash.internal")
 
 

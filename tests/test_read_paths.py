@@ -129,6 +129,9 @@ def test_status_answers_for_hostile_rows(hostile: list[str], database_url: str, 
     _clean(_cli(database_url, schema, "status"), 0, 1)
     report = json.loads(_clean(_cli(database_url, schema, "status", "--json"), 0, 1))
     assert report["queues"] and report["schema"] == schema
+    for args in (["workers"], ["schedules", "list"], ["queues", "list"]):  # the other read commands too
+        _clean(_cli(database_url, schema, *args))
+        json.loads(_clean(_cli(database_url, schema, *args, "--json")))
 
 
 def test_workflows_list_and_show_answer_for_hostile_rows(hostile: list[str], database_url: str,

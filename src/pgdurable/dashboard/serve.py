@@ -59,10 +59,16 @@ def check_options(host: str, token: str | None, read_only: bool,
 def allowed_host_names(host: str, allowed_hosts: Sequence[str]) -> tuple[str, ...] | None:
     """The Host header names accepted: the loopback names on loopback, plus the --allowed-host names; None
     (any) only off loopback with no --allowed-host (then a token guards every page)."""
-    names = tuple(n.strip().lower() for n in allowed_hosts)
+    names = tuple(_without_port(n.strip().lower()) for n in allowed_hosts)
     if is_loopback(host):
         return LOOPBACK_HOSTS + names
     return names or None
+
+
+def _without_port(name: str) -> str:
+    """``dash.internal:8080`` -> ``dash.internal`` (the Host check compares names; ``::1`` stays)."""
+    head, colon, port = name.rpartition(":")
+    return head if colon and port.isdigit() and head.count(":") == 0 else name
 
 
 def serve(app: App, *, host: str, port: int, token: str | None, read_only: bool, console: Console,
