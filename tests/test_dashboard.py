@@ -646,7 +646,7 @@ def test_a_database_without_the_schema_gets_a_clear_page(make_app: Callable[...,
 def test_dashboard_command_refuses_unsafe_options() -> None:
     with pytest.raises(DashboardOptionsError, match="needs --token"):
         check_options("0.0.0.0", None, False)
-    assert check_options("0.0.0.0", None, True) is None  # read-only, explicitly
+    assert check_options("0.0.0.0", None, True, ["dash.internal"]) is None  # read-only, with its Host names
     assert check_options("0.0.0.0", "t", False) == "t"
     generated = check_options("127.0.0.1", None, False)
     assert generated and len(generated) >= 24  # loopback: a fresh token, printed as a login link

@@ -11,26 +11,54 @@ import sys
 from datetime import datetime
 from typing import Annotated, Any, cast
 
+import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
 
-from . import store
+from . import display, store
 from .app import App
 from .errors import ConfigurationError
+from .redaction import describe, redact
 from .schedules import CatchUp, Schedule
 
-cli = typer.Typer(help="Durable Python workflows with PostgreSQL as the only orchestrator.\n\n"
+
+class _Commands(TyperGroup):
+    """Every command: a configuration error (a malformed database URL...) or a database that cannot be reached
+    is a message and exit code 2, never a traceback; no message quotes the database password."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigurationError as exc:
+            _fail(redact(str(exc)))
+        except psycopg.OperationalError as exc:
+            _fail(f"the database cannot be reached: {describe(exc)}")
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"pgdurable: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+# Tracebacks never show local variables: they would show the database URL with its password.
+_NO_LOCALS: dict[str, Any] = {"pretty_exceptions_show_locals": False}
+cli = typer.Typer(cls=_Commands, **_NO_LOCALS,
+                  help="Durable Python workflows with PostgreSQL as the only orchestrator.\n\n"
                        "Exit codes: 0 done; 1 not done (no such execution, nothing to change, or something "
                        "needs attention); 2 bad input or the database cannot be used. Commands that read or "
                        "change state take --json for scripts.",
                   no_args_is_help=True, add_completion=False)
-workflows_cli = typer.Typer(help="Inspect and steer workflow executions.", no_args_is_help=True)
+workflows_cli = typer.Typer(**_NO_LOCALS, help="Inspect and steer workflow executions.", no_args_is_help=True)
 cli.add_typer(workflows_cli, name="workflows")
-queues_cli = typer.Typer(help="Queue policies: concurrency, rate and per-key limits.", no_args_is_help=True)
+queues_cli = typer.Typer(**_NO_LOCALS, help="Queue policies: concurrency, rate and per-key limits.",
+                         no_args_is_help=True)
 cli.add_typer(queues_cli, name="queues")
-schedules_cli = typer.Typer(help="Cron schedules: a workflow enqueued at every tick of a cron expression.",
+schedules_cli = typer.Typer(**_NO_LOCALS,
+                            help="Cron schedules: a workflow enqueued at every tick of a cron expression.",
                             no_args_is_help=True)
 cli.add_typer(schedules_cli, name="schedules")
 console = Console()
@@ -65,13 +93,12 @@ def _load_app(target: str) -> App:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
+    return display.plain(value)
 
 
 def _payload(text: str | None) -> Any:
-    return json.loads(text) if text else None
+    """Stored JSON decoded, or a note saying why it cannot be shown (nested too deeply): never a crash."""
+    return display.json_or_note(text) if text else None
 
 
 def _execution_dict(execution: store.Execution) -> dict[str, Any]:
@@ -84,17 +111,32 @@ def _execution_dict(execution: store.Execution) -> dict[str, Any]:
 def _step_dict(step: store.Step) -> dict[str, Any]:
     data = {name: _jsonable(getattr(step, name)) for name in store.Step.__slots__}
     data["output"], data["error"] = _payload(step.output), _payload(step.error)
-    data["duration_ms"] = round((step.completed_at - step.started_at).total_seconds() * 1000, 3)
+    data["duration_ms"] = _millis(step.started_at, step.completed_at)
     return data
 
 
+def _millis(start: datetime, end: datetime) -> float | None:
+    if isinstance(start, display.ExtremeTime) or isinstance(end, display.ExtremeTime):
+        return None
+    return round((end - start).total_seconds() * 1000, 3)
+
+
+def _dump(value: Any) -> str:
+    """JSON for scripts: strict (no NaN), whatever the rows hold."""
+    return json.dumps(display.plain(value), indent=2, allow_nan=False)
+
+
 def _short(value: Any, width: int = 40) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    text = value if isinstance(value, str) else display.dumps(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _when(value: datetime | None) -> str:
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
+    return display.format_time(value, None)
+
+
+def _error(text: str | None) -> dict[str, Any]:
+    return display.error_fields(text) or {}
 
 
 @cli.command()
@@ -131,7 +173,8 @@ def worker(
     try:
         wait_for_database(app.db, wait_for_db)
     except ConfigurationError as exc:
-        console.print(f"[red]pgdurable worker: {exc}[/red]")
+        console.print(f"pgdurable worker: {redact(str(exc))}", style="red", markup=False, highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(2) from None
 
     runner = app.worker(queues=queue or None, concurrency=concurrency)
@@ -155,7 +198,10 @@ def migrate(database_url: DatabaseUrl = None, schema: Schema = None, as_json: As
     try:
         applied = app.migrate()
     except ConfigurationError as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(redact(str(exc)), style="red", markup=False)
+        raise typer.Exit(2) from None
+    except psycopg.OperationalError as exc:
+        console.print(f"the database cannot be reached: {describe(exc)}", style="red", markup=False)
         raise typer.Exit(2) from None
     finally:
         app.close()
@@ -180,13 +226,13 @@ def list_workflows(
     with _app(database_url, schema) as app:
         executions = app.list_workflows(status=status, name=name, queue=queue, limit=limit)
     if as_json:
-        print(json.dumps([_execution_dict(e) for e in executions], indent=2))
+        print(_dump([_execution_dict(e) for e in executions]))
         return
     table = Table("id", "name", "queue", "status", "attempt", "created", "completed", "error")
     for e in executions:
-        error = (e.error_info or {}).get("message", "")
-        table.add_row(e.id, e.name, e.queue, e.status, str(e.attempt), _when(e.created_at),
-                      _when(e.completed_at), _short(error))
+        error = _error(e.error).get("message", "")
+        table.add_row(Text(e.id), Text(e.name), e.queue, Text(e.status), str(e.attempt), _when(e.created_at),
+                      _when(e.completed_at), Text(_short(error)))
     console.print(table)
 
 
@@ -204,17 +250,17 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         events = app.db.run(store.list_events(workflow_id))
         messages = app.db.run(store.list_messages(workflow_id))
     if execution is None:
-        console.print(f"[red]no execution with id {workflow_id}[/red]")
+        console.print(f"[red]no execution with id {escape(workflow_id)}[/red]")
         raise typer.Exit(1)
     if as_json:
-        print(json.dumps({
+        print(_dump({
             **_execution_dict(execution), "steps": [_step_dict(s) for s in steps],
             "children": [{"id": c[0], "name": c[1], "status": c[2]} for c in children],
             "events": [{"key": e.key, "step_id": e.step_id, "value": _payload(e.value),
                         "created_at": _jsonable(e.created_at)} for e in events],
             "messages": [{"topic": m.topic, "message": _payload(m.message), "created_at": _jsonable(m.created_at),
                           "consumed_at": _jsonable(m.consumed_at)} for m in messages],
-        }, indent=2))
+        }))
         return
     summary = Table.grid(padding=(0, 2))
     for label, value in [
@@ -229,26 +275,29 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         ("completed", _when(execution.completed_at)), ("input", _short(_payload(execution.input), 100)),
         ("output", _short(_payload(execution.output), 100) if execution.output else ""),
     ]:
-        summary.add_row(f"[bold]{label}[/bold]", value)
+        summary.add_row(f"[bold]{label}[/bold]", Text(value))  # data, not markup
     console.print(summary)
-    if execution.error_info:
-        console.print(f"[red]error[/red] {execution.error_info.get('type')}: {execution.error_info.get('message')}")
-        if execution.error_info.get("traceback"):
-            console.print(execution.error_info["traceback"], markup=False, highlight=False)
+    error = _error(execution.error)
+    if error:
+        console.print(f"[red]error[/red] {escape(error['type'])}: {escape(error['message'])}", highlight=False)
+        if error["traceback"]:
+            console.print(error["traceback"], markup=False, highlight=False)
     table = Table("step", "name", "outcome", "attempts", "by attempt", "started", "ms")
     for s in steps:
-        outcome = f"[red]{_short(_payload(s.error)['message'])}[/red]" if s.error else _short(_payload(s.output))
-        duration = (s.completed_at - s.started_at).total_seconds() * 1000
-        table.add_row(str(s.step_id), s.step_name, outcome, str(s.attempts), str(s.recorded_by_attempt),
-                      _when(s.started_at), f"{duration:.1f}")
+        outcome = f"[red]{escape(_short(_error(s.error)['message']))}[/red]" if s.error \
+            else escape(_short(_payload(s.output)))
+        duration = _millis(s.started_at, s.completed_at)
+        table.add_row(str(s.step_id), Text(s.step_name), outcome, str(s.attempts), str(s.recorded_by_attempt),
+                      _when(s.started_at), "" if duration is None else f"{duration:.1f}")
     console.print(table)
     if children:
         kids = Table("child", "workflow", "status", title=f"{len(children)} child workflows")
         for c in children[:50]:
-            kids.add_row(c[0], c[1], c[2])
+            kids.add_row(Text(c[0]), Text(c[1]), Text(c[2]))
         console.print(kids)
     for e in events:
-        console.print(f"event [bold]{e.key}[/bold] (step {e.step_id}): {_short(_payload(e.value))}")
+        console.print(f"event [bold]{escape(e.key)}[/bold] (step {e.step_id}): {escape(_short(_payload(e.value)))}",
+                      highlight=False)
 
 
 @workflows_cli.command("fork")
@@ -546,24 +595,25 @@ _CLEANUP_EPILOG = (
 _DASHBOARD_EPILOG = (
     "Examples:\n\n  pgdurable dashboard\n\n  pgdurable dashboard --read-only\n\n"
     "  pgdurable dashboard --host 0.0.0.0 --port 9000 --token \"$DASHBOARD_TOKEN\"\n\n"
+    "  pgdurable dashboard --host 0.0.0.0 --read-only --allowed-host dash.internal\n\n"
     "Security: it listens on loopback unless --host says otherwise. Actions (cancel, resume, fork) need a token: "
     "with neither --token nor --read-only a random one is made and printed as a login link. Any other address "
-    "needs --token or --read-only.\n\n"
+    "needs --token, or --read-only with --allowed-host (the Host names it answers to; others are refused). "
+    "A login is a server-side session that logout ends; repeated wrong tokens are backed off (429).\n\n"
     "Exit code 2: bad options, or the dashboard extra is not installed (pip install 'pgdurable\\[dashboard]').")
 
 
 @cli.command(epilog=_STATUS_EPILOG)
 def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
     """Queues (ready, waiting, running), live workers, stuck work and database health, with an exit code."""
-    import psycopg
-
     from . import status as health
 
     app = App(database_url, schema=schema, auto_migrate=False)
     try:
         report = health.collect(app.db.conninfo, app.schema)
-    except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (ConfigurationError, psycopg.OperationalError) as exc:
+        # A malformed URL or a database that does not answer; never with the URL's password.
+        reason = redact(str(exc)) if isinstance(exc, ConfigurationError) else describe(exc)
         if as_json:
             print(json.dumps({"healthy": False, "exit_code": health.UNREACHABLE, "error": reason}))
         else:
@@ -572,7 +622,7 @@ def status(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJ
     finally:
         app.close()
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(_dump(report.to_json()))
     else:
         health.render(report, console)
     raise typer.Exit(report.exit_code)
@@ -589,7 +639,6 @@ def cleanup(
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
     """Delete finished executions with their steps, messages and events, in batches that never block workers."""
-    import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import retention
@@ -614,7 +663,7 @@ def cleanup(
         console.print(f"[red]pgdurable cleanup: pgdurable is not installed in schema {escape(app.schema)}[/red]")
         raise typer.Exit(2) from None
     except psycopg.OperationalError as exc:
-        console.print(f"[red]pgdurable cleanup: database unreachable: {escape(str(exc).strip())}[/red]")
+        console.print(f"[red]pgdurable cleanup: database unreachable: {escape(describe(exc))}[/red]")
         raise typer.Exit(2) from None
     if as_json:
         key = "would_delete" if dry_run else "deleted"
@@ -636,6 +685,9 @@ def dashboard(
     token: Annotated[str | None, typer.Option(
         envvar="PGDURABLE_DASHBOARD_TOKEN", help="Secret needed to open the dashboard and to act.")] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="No actions: view only.")] = False,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", help="A Host name browsers use to reach it (repeatable); other Host headers are "
+                               "refused (DNS rebinding).")] = None,
     database_url: DatabaseUrl = None, schema: Schema = None,
 ) -> None:
     """Serve the web dashboard: overview, workflows, steps timeline, cancel/resume/fork."""
@@ -644,7 +696,7 @@ def dashboard(
     _setup_logging()
     try:
         serve(App(database_url, schema=schema, auto_migrate=False), host=host, port=port, token=token,
-              read_only=read_only, console=console)
+              read_only=read_only, console=console, allowed_hosts=allowed_host or ())
     except DashboardOptionsError as exc:
         console.print(f"[red]pgdurable dashboard: {escape(str(exc))}[/red]")
         raise typer.Exit(2) from None

@@ -13,19 +13,24 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import store
-from .migrations import migrate
+from .display import register_loaders
+from .migrations import applied_version, migrate
+from .redaction import check_database_url
 
 T = TypeVar("T")
 
 
 def configure(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Make a connection speak to pgdurable: its schema first on the search_path, jsonb kept as text."""
+    """Make a connection speak to pgdurable: its schema first on the search_path, jsonb kept as text, and
+    any timestamptz loaded (infinity or a year past 9999 as display.ExtremeTime, not DataError)."""
     conn.adapters.register_loader("jsonb", TextLoader)
+    register_loaders(conn.adapters)
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
 
 
 async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
+    register_loaders(conn.adapters)
     await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
 
 
@@ -52,7 +57,8 @@ class Database:
         if self._conninfo is None:
             with self._lock:
                 if self._conninfo is None:
-                    self._conninfo = self._conninfo_source()
+                    # A malformed URL is refused here, once, with its password redacted (libpq would quote it).
+                    self._conninfo = check_database_url(self._conninfo_source())
         return self._conninfo
 
     def ensure_schema(self) -> None:
@@ -60,6 +66,12 @@ class Database:
             if self.auto_migrate:
                 migrate(self.conninfo, self.schema)
             self._migrated = True
+
+    def check(self, connect_timeout: int = 10) -> int:
+        """Connect once and return the schema's migration version: raises psycopg.OperationalError when the
+        database does not answer (a worker that does not migrate checks this before it starts)."""
+        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=connect_timeout) as conn:
+            return applied_version(conn, self.schema)
 
     # -- sync ---------------------------------------------------------------------------------------------
 

@@ -8,12 +8,11 @@ Executions and steps are read as JSON objects of their columns, so columns added
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from . import store
+from . import display, store
 
 Rows = store.Rows
 
@@ -271,20 +270,18 @@ class Outcomes:
 
 
 def parse_time(value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    return datetime.fromisoformat(str(value))
+    """A time of a row read as JSON; infinity or a year past 9999 as display.ExtremeTime, never an error."""
+    return display.parse_time(value)
 
 
 def _load(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    """A row read as JSON (its payload columns left out, so it is shallow)."""
+    return display.load_json(value) if isinstance(value, str | bytes) else value
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    value = _load(text)
-    return value if isinstance(value, dict) else {"message": json.dumps(value)}
+    """A stored error as an object with string type, message and traceback, whatever the stored JSON is."""
+    return display.error_fields(text)
 
 
 # ---- calls ------------------------------------------------------------------------------------------------
@@ -348,15 +345,32 @@ def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = No
     """
     params: dict[str, Any] = {
         "status": where.status, "name": where.name, "queue": where.queue, "prefix": where.id_prefix,
-        "since": where.since or "-infinity", "until": where.until or "infinity", "limit": limit,
+        # until is exclusive, the query's bound inclusive (so that the default, infinity, keeps rows created
+        # at infinity): one microsecond, the resolution of timestamptz, earlier.
+        "since": where.since or "-infinity", "until": _before(where.until) if where.until else "infinity",
+        "limit": limit,
         "parent": where.parent,
     }
     if newer_than is not None:
-        params["at"], params["id"] = newer_than
+        params["at"], params["id"] = _at(newer_than[0]), newer_than[1]
         return store.Call("dash_list_newer", params,
                           lambda rows: [ListedExecution(*row) for row in reversed(rows)])
-    params["at"], params["id"] = older_than if older_than is not None else ("infinity", "")
+    if older_than is None:
+        return store.Call("dash_list_first", params, lambda rows: [ListedExecution(*row) for row in rows])
+    params["at"], params["id"] = _at(older_than[0]), older_than[1]
     return store.Call("dash_list_older", params, lambda rows: [ListedExecution(*row) for row in rows])
+
+
+def _before(when: datetime) -> datetime | str:
+    try:
+        return when - timedelta(microseconds=1)
+    except OverflowError:
+        return "-infinity"
+
+
+def _at(when: datetime) -> datetime | str:
+    """A cursor's time as a parameter: an ExtremeTime as PostgreSQL's text of it, so paging is exact."""
+    return when.source if isinstance(when, display.ExtremeTime) else when
 
 
 def exists(workflow_id: str) -> store.Call[bool]:

@@ -9,6 +9,7 @@ import psycopg
 
 from .db import Database
 from .errors import ConfigurationError
+from .redaction import describe
 
 log = logging.getLogger("pgdurable")
 
@@ -24,17 +25,25 @@ def is_credentials_error(exc: psycopg.Error) -> bool:
 def wait_for_database(db: Database, timeout: float) -> None:
     """Connect (and migrate) once the database answers, retrying with backoff for up to ``timeout`` seconds.
 
-    Raises ConfigurationError at once for credentials that the server refuses, and after ``timeout`` when it
-    never answered.
+    Raises ConfigurationError at once for a malformed URL and for credentials or a database name that the
+    server refuses, and after ``timeout`` when it never answered. Without auto-migration the connection is
+    checked all the same, and a schema where pgdurable is not installed is refused. No message quotes the
+    URL's password.
     """
     deadline = time.monotonic() + timeout
     delay = 0.5
     while True:
         try:
             db.ensure_schema()
+            if not db.auto_migrate:
+                remaining = max(1, int(deadline - time.monotonic()))
+                if db.check(connect_timeout=min(remaining, 10)) == 0:
+                    raise ConfigurationError(
+                        f"pgdurable is not installed in schema {db.schema!r} of this database (and this app does "
+                        "not migrate: auto_migrate=False): run `pgdurable migrate` first")
             return
         except psycopg.OperationalError as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            reason = describe(exc, db.conninfo)
             if is_credentials_error(exc):
                 raise ConfigurationError(f"the database refused these credentials: {reason}") from None
             if time.monotonic() + delay > deadline:

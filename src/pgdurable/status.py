@@ -3,8 +3,8 @@ scripts and health checks can rely on: 0 healthy, 1 something needs attention, 2
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from . import monitoring, store
+from . import display, monitoring, store
 from .db import configure
 from .migrations import applied_version, latest_version
 
@@ -47,13 +47,7 @@ class Report:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    return display.plain(value)
 
 
 def collect(conninfo: str, schema: str, *, connect_timeout: int = 5) -> Report:
@@ -104,8 +98,12 @@ def attention(report: Report) -> list[str]:
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or math.isnan(seconds):
         return ""
+    if math.isinf(seconds):
+        return "∞" if seconds > 0 else "-∞"
+    if seconds < 0:
+        return "-" + _age(-seconds)
     if seconds < 120:
         return f"{seconds:.0f}s"
     if seconds < 7200:
@@ -147,6 +145,8 @@ def render(report: Report, console: Console) -> None:
         now = server.now if server is not None else None
         for w in report.workers:
             beat = _age((now - w.heartbeat_at).total_seconds()) + " ago" if now is not None else ""
+            if isinstance(w.heartbeat_at, display.ExtremeTime):
+                beat = w.heartbeat_at.source
             workers.add_row(Text(w.id), Text(",".join(w.queues)), str(w.concurrency), beat,
                             "yes" if w.alive else "[red]no[/red]")
         console.print(workers)
@@ -163,7 +163,7 @@ def render(report: Report, console: Console) -> None:
         for t in report.tables:
             vacuumed = t.last_autovacuum or t.last_vacuum
             tables.add_row(t.name, _size(t.total_bytes), f"{t.live_tuples:,}", f"{t.dead_tuples:,}",
-                           vacuumed.strftime("%Y-%m-%d %H:%M") if vacuumed else "never")
+                           display.format_time(vacuumed, vacuumed.tzinfo, "%Y-%m-%d %H:%M") if vacuumed else "never")
         console.print(tables)
     if report.attention:
         console.print("[yellow bold]needs attention[/yellow bold]")

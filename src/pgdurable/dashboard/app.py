@@ -25,9 +25,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .. import monitoring, store
-from ..errors import WorkflowNotFound
+from ..errors import ConfigurationError, WorkflowNotFound
+from ..redaction import redact
 from . import views
-from .security import SESSION_COOKIE, Guard, GuardMiddleware, safe_next, same_origin, set_cookie
+from .security import Guard, GuardMiddleware, Sessions, end_session, safe_next, same_origin, start_session
 
 if TYPE_CHECKING:
     from ..app import App
@@ -81,14 +82,15 @@ class _Reader:
 
 
 def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = False, *,
-               allowed_hosts: Iterable[str] | None = None, statement_timeout_ms: int = 10_000) -> Starlette:
+               allowed_hosts: Iterable[str] | None = None, statement_timeout_ms: int = 10_000,
+               session_seconds: float = 12 * 3600) -> Starlette:
     """The dashboard for ``pgdurable_app``'s database and schema.
 
     Without ``token`` the dashboard is read-only (actions need a token); with one, every page needs it
-    too. ``allowed_hosts`` restricts the Host header (``serve`` passes the loopback names when bound to
-    loopback).
+    too, and a login lasts ``session_seconds`` (or until logout). ``allowed_hosts`` restricts the Host
+    header (``serve`` passes the loopback names when bound to loopback, else the ``--allowed-host`` names).
     """
-    guard = Guard(token, read_only)
+    guard = Guard(token, read_only, sessions=Sessions(session_seconds))
     app = pgdurable_app
     environment = jinja2.Environment(loader=jinja2.PackageLoader("pgdurable.dashboard", "templates"),
                                      autoescape=True, undefined=jinja2.StrictUndefined)
@@ -258,10 +260,13 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
         form = await _form(request)
         if form is None or not same_origin(request) or not guard.csrf_valid(request, form.get("csrf")):
             return PlainTextResponse("stale or forged form: reload the page", status_code=403)
-        if not guard.token_matches(form.get("token")):
+        refused = guard.check_token(request, form.get("token"))
+        if refused is not None:
+            if refused.status_code == 429:
+                return refused
             return render(request, "login.html", {"next": target, "failed": True}, status_code=401)
         response = RedirectResponse(target, status_code=303)
-        set_cookie(response, request, SESSION_COOKIE, guard.session_value())
+        start_session(response, request, guard)
         return response
 
     async def logout(request: Request) -> Response:
@@ -269,7 +274,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
         if form is None or not guard.csrf_valid(request, form.get("csrf")):
             return PlainTextResponse("stale or forged form: reload the page", status_code=403)
         response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(SESSION_COOKIE, path="/")
+        end_session(response, request, guard)  # the session is gone on the server: an old cookie is worthless
         return response
 
     # ---- actions --------------------------------------------------------------------------------------
@@ -317,6 +322,8 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             message = "The query took too long and was stopped. Narrow the filters (a time range helps)."
         elif isinstance(exc, psycopg.OperationalError):
             message = "The database cannot be reached right now; this page retries on its own."
+        elif isinstance(exc, ConfigurationError):
+            message = f"The dashboard cannot use this database: {redact(str(exc))}"
         else:  # not the database's state: a bug, or a schema this dashboard does not understand
             status_code, message = 500, f"The database refused a dashboard query ({type(exc).__name__})."
             log.error("dashboard: %s", request.url.path, exc_info=exc)
@@ -355,7 +362,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
     return Starlette(
         routes=routes,
         middleware=[Middleware(GuardMiddleware, guard=guard, allowed_hosts=allowed_hosts)],
-        exception_handlers={psycopg.Error: database_error},
+        exception_handlers={psycopg.Error: database_error, ConfigurationError: database_error},
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,14 +15,18 @@ from urllib.parse import urlencode
 
 from markupsafe import Markup, escape
 
-from .. import monitoring, store
+from .. import display, monitoring, store
 
 # ---- small formatters -------------------------------------------------------------------------------------
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not isinstance(seconds, int | float) or math.isnan(seconds):
         return ""
+    if math.isinf(seconds):
+        return "∞" if seconds > 0 else ""
+    if seconds >= 1e12:
+        return f"{seconds / 86400:.3g} d"
     if seconds < 0:
         seconds = 0.0
     if seconds < 1:
@@ -38,12 +43,16 @@ def duration(seconds: float | None) -> str:
 def between(start: datetime | None, end: datetime | None) -> float | None:
     if start is None or end is None:
         return None
+    if isinstance(start, display.ExtremeTime) or isinstance(end, display.ExtremeTime):
+        return None  # an infinite or out-of-range time: no meaningful length
     return (end - start).total_seconds()
 
 
 def ago(when: datetime | None, now: datetime) -> str:
     if when is None:
         return ""
+    if isinstance(when, display.ExtremeTime):
+        return display.format_time(when)
     seconds = (now - when).total_seconds()
     if seconds < 0:
         return "in " + duration(-seconds)
@@ -51,11 +60,15 @@ def ago(when: datetime | None, now: datetime) -> str:
 
 
 def utc(when: datetime | None) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if when else ""
+    return display.format_time(when, UTC)
 
 
 def iso(when: datetime | None) -> str:
-    return when.astimezone(UTC).isoformat() if when else ""
+    if when is None:
+        return ""
+    if isinstance(when, display.ExtremeTime):
+        return when.source
+    return when.astimezone(UTC).isoformat()
 
 
 def wait_text(reason: str | None) -> str:
@@ -92,6 +105,9 @@ def url(path: str, **params: Any) -> str:
 
 # ---- JSON -------------------------------------------------------------------------------------------------
 
+# Of a value nested too deeply to draw, this many characters of its text are shown.
+TOO_DEEP_SHOWN = 2000
+
 _JSON_TOKEN = re.compile(
     r'(?P<key>"(?:\\.|[^"\\])*")(?=\s*:)|(?P<str>"(?:\\.|[^"\\])*")'
     r"|(?P<num>-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<lit>\btrue\b|\bfalse\b|\bnull\b)")
@@ -99,11 +115,14 @@ _JSON_TOKEN = re.compile(
 
 def json_html(text: str | None) -> Markup:
     """Stored JSON, indented, with keys, strings, numbers and literals in spans for color. Text that does not
-    parse (a cut preview) is shown as it is. Every piece is escaped."""
+    parse (a cut preview) is shown as it is; JSON nested too deeply to draw is shown as its text (cut), with
+    a note. Every piece is escaped."""
     if text is None:
         return Markup("")
     try:
-        pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        pretty = json.dumps(display.load_json(text), indent=2, ensure_ascii=False)
+    except display.TooDeep as exc:
+        return Markup('<span class="muted">({})</span>\n').format(str(exc)) + escape(text[:TOO_DEEP_SHOWN])
     except ValueError:
         return escape(text)
     parts: list[Markup] = []
@@ -121,6 +140,7 @@ def json_html(text: str | None) -> Markup:
 
 
 def encode_cursor(created_at: datetime, workflow_id: str) -> str:
+    # An ExtremeTime's isoformat is PostgreSQL's own text of it (infinity, a year past 9999): exact paging.
     raw = json.dumps([created_at.isoformat(), workflow_id], ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -130,9 +150,10 @@ def decode_cursor(text: str | None) -> tuple[datetime, str] | None:
         return None
     try:
         at, workflow_id = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        return datetime.fromisoformat(at), str(workflow_id)
-    except (ValueError, TypeError, binascii.Error):
+        when = display.parse_time(str(at))
+    except (ValueError, TypeError, binascii.Error, RecursionError):
         return None
+    return (when, str(workflow_id)) if when is not None else None
 
 
 # ---- the step timeline ------------------------------------------------------------------------------------
@@ -292,4 +313,4 @@ _SHOWN_FIELDS = frozenset({
 
 
 def as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return value if isinstance(value, str) else display.dumps(value, ensure_ascii=False)

@@ -52,7 +52,7 @@ names AS (
     UNION SELECT queue FROM served
 )
 SELECT n.queue, coalesce(e.ready, 0), coalesce(e.delayed, 0), coalesce(r.running, 0), coalesce(r.stale, 0),
-       extract(epoch FROM now() - e.oldest_ready)::float8, coalesce(s.workers, 0), coalesce(w.waiting, 0),
+       (extract(epoch FROM now()) - extract(epoch FROM e.oldest_ready))::float8, coalesce(s.workers, 0), coalesce(w.waiting, 0),
        coalesce(w.delay, 0), coalesce(w.sleep, 0), coalesce(w.recv, 0), coalesce(w.children, 0),
        coalesce(w.overdue, 0)
 FROM names n
@@ -66,11 +66,11 @@ ORDER BY n.queue;
 -- Executions that finished in the last %(window)s seconds, per %(bucket)s-second bucket (0 = the newest)
 -- and status. completed_at has no index on purpose (an indexed completed_at would make every completion a
 -- non-HOT update), so the scan is bounded by created_at: executions created more than %(lookback)s seconds
--- ago are left out of the chart.
+-- ago are left out of the chart. (completed_at <= now(): a time in the future, even infinity, is no bucket.)
 SELECT floor(extract(epoch FROM now() - completed_at) / %(bucket)s)::int AS ago, status, count(*)
 FROM workflow_executions
 WHERE created_at > now() - make_interval(secs => %(lookback)s)
-  AND completed_at > now() - make_interval(secs => %(window)s)
+  AND completed_at > now() - make_interval(secs => %(window)s) AND completed_at <= now()
 GROUP BY 1, 2;
 
 -- name: dash_estimated_rows
@@ -85,15 +85,30 @@ WHERE n.nspname = %(schema)s AND c.relname = 'workflow_executions';
 SELECT count(*) FROM (SELECT 1 FROM workflow_executions LIMIT %(cap)s) AS capped;
 
 -- name: dash_list_older
--- One page of executions, newest first, strictly older than the cursor (created_at, id). With no cursor
--- the caller passes ('infinity', ''). The row comparison is an index condition on created_at, so a page
+-- One page of executions, newest first, strictly older than the cursor (created_at, id). The first page is
+-- dash_list_first. The row comparison is an index condition on created_at, so a page
 -- costs the same at row 50 and at row 5,000,000 (no OFFSET); ties on created_at (a bulk enqueue shares its
 -- transaction's time) are broken by id.
 SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
        error ->> 'type', left(error ->> 'message', 300), wait_reason
 FROM workflow_executions
 WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
-  AND created_at >= %(since)s::timestamptz AND created_at < %(until)s::timestamptz
+  AND created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestamptz
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: dash_list_first
+-- The first page, newest first: dash_list_older without a cursor (a cursor of ('infinity', '') would leave
+-- out rows created at infinity).
+SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
+       error ->> 'type', left(error ->> 'message', 300), wait_reason
+FROM workflow_executions
+WHERE created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestamptz
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -108,7 +123,7 @@ SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
        error ->> 'type', left(error ->> 'message', 300), wait_reason
 FROM workflow_executions
 WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
-  AND created_at >= %(since)s::timestamptz AND created_at < %(until)s::timestamptz
+  AND created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestamptz
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -122,9 +137,10 @@ SELECT id FROM workflow_executions WHERE id = %(id)s;
 
 -- name: dash_execution
 -- One execution: every column but the payloads as one JSON object (columns added by later migrations show
--- up without a change here), then the output (cut to %(max)s characters) with its full size, the error,
+-- up without a change here; the trace context as its text, cut, so no stored JSON nests in it), then the output (cut to %(max)s characters) with its full size, the error,
 -- and its parent's name and status.
-SELECT to_jsonb(e) - 'input' - 'output' - 'error',
+SELECT to_jsonb(e) - 'input' - 'output' - 'error' - 'trace_context'
+         || jsonb_build_object('trace_context', left(e.trace_context::text, 2000)),
        left(e.output::text, %(max)s), octet_length(e.output::text), e.error::text, p.name, p.status
 FROM workflow_executions e
 LEFT JOIN workflow_executions p ON p.id = e.parent_id

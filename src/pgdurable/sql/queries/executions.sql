@@ -298,7 +298,7 @@ RETURNING id;
 -- name: queue_depths
 -- Unfinished executions by queue and status, with the age of the oldest available one (metrics, status).
 SELECT queue, status, count(*),
-       extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'enqueued'))
+       extract(epoch FROM now()) - extract(epoch FROM min(available_at) FILTER (WHERE status = 'enqueued'))
 FROM workflow_executions
 WHERE status IN ('enqueued', 'waiting', 'running')
 GROUP BY queue, status
