@@ -8,18 +8,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
-from psycopg import sql
 
 from . import store
 from .context import current
-from .errors import ResultTimeout, WorkflowCancelled, WorkflowFailed, WorkflowNotFound, WorkflowTimeout
+from .errors import ResultTimeout, WorkflowNotFound, outcome_error
 
 if TYPE_CHECKING:
-    from .app import App
+    from .runtime import Runtime
 
 log = logging.getLogger("pgdurable")
 R = TypeVar("R")
@@ -30,83 +28,11 @@ _RECHECK_SECONDS = 5.0
 _RETRY_FIRST_SECONDS = 0.05
 
 
-class CompletionListener:
-    """One LISTEN connection per App, in a daemon thread, that wakes whoever waits on an execution: for its
-    completion (key: its id) or for an event it publishes (key: ``event_key(id)``)."""
-
-    def __init__(self, app: App) -> None:
-        self._app = app
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[Callable[[], None]]] = {}
-        self._thread: threading.Thread | None = None
-        self._listening = threading.Event()
-        self._stopped = threading.Event()
-
-    def subscribe(self, execution_id: str, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake`` whenever the execution may have finished. Returns the unsubscribe function."""
-        self._ensure_running()
-        with self._lock:
-            self._waiters.setdefault(execution_id, set()).add(wake)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                waiters = self._waiters.get(execution_id)
-                if waiters is not None:
-                    waiters.discard(wake)
-                    if not waiters:
-                        del self._waiters[execution_id]
-        return unsubscribe
-
-    def _ensure_running(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="pgdurable-results", daemon=True)
-                self._thread.start()
-        # Listening before the caller's first status check means no completion can slip between them.
-        self._listening.wait(timeout=10)
-
-    def _wake_all(self) -> None:
-        with self._lock:
-            callbacks = [cb for waiters in self._waiters.values() for cb in waiters]
-        for callback in callbacks:
-            callback()
-
-    def _loop(self) -> None:
-        done, events = f"{self._app.db.schema}_done", f"{self._app.db.schema}_event"
-        while not self._stopped.is_set():
-            try:
-                with self._app.db.connect() as conn:
-                    conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(done),
-                                                                        sql.Identifier(events)))
-                    self._listening.set()
-                    self._wake_all()  # anything may have finished while we were not listening
-                    while not self._stopped.is_set():
-                        for notice in conn.notifies(timeout=1.0):
-                            key = notice.payload if notice.channel == done else event_key(notice.payload)
-                            with self._lock:
-                                callbacks = list(self._waiters.get(key, ()))
-                            for callback in callbacks:
-                                callback()
-            except Exception as exc:  # connection lost: waiters fall back to re-checking; reconnect
-                if self._stopped.is_set():
-                    return
-                log.warning("result listener lost its connection (%s); reconnecting", exc)
-                self._listening.set()
-                time.sleep(1.0)
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-
-def event_key(execution_id: str) -> str:
-    return f"event:{execution_id}"
-
-
 class WorkflowHandle(Generic[R]):
     """A reference to one execution: its id, status and (eventually) result."""
 
-    def __init__(self, app: App, workflow_id: str, return_hint: Any = Any) -> None:
-        self.app = app
+    def __init__(self, runtime: Runtime, workflow_id: str, return_hint: Any = Any) -> None:
+        self.runtime = runtime
         self.workflow_id = workflow_id
         self._return_hint = return_hint
 
@@ -119,7 +45,7 @@ class WorkflowHandle(Generic[R]):
         return self.get().status
 
     def get(self) -> store.Execution:
-        execution = self.app.db.run(store.get_execution(self.workflow_id))
+        execution = self.runtime.db.run(store.get_execution(self.workflow_id))
         if execution is None:
             raise WorkflowNotFound(self.workflow_id)
         return execution
@@ -141,7 +67,7 @@ class WorkflowHandle(Generic[R]):
             return self._decode(outcome)
         finished = threading.Event()
         # Subscribe, then look again: a completion between the two checks is seen by one of them.
-        unsubscribe = self.app.completions.subscribe(self.workflow_id, finished.set)
+        unsubscribe = self.runtime.completions.subscribe(self.workflow_id, finished.set)
         try:
             while True:
                 outcome = self._status(deadline)
@@ -158,7 +84,7 @@ class WorkflowHandle(Generic[R]):
         delay = _RETRY_FIRST_SECONDS
         while True:
             try:
-                return self.app.db.run(store.get_status(self.workflow_id))
+                return self.runtime.db.run(store.get_status(self.workflow_id))
             except psycopg.OperationalError as exc:
                 if deadline is not None and time.monotonic() + delay > deadline:
                     raise
@@ -167,7 +93,7 @@ class WorkflowHandle(Generic[R]):
                 delay = min(delay * 2, 1.0)
 
     def cancel(self) -> bool:
-        return self.app.cancel(self.workflow_id)
+        return self.runtime.db.run(store.cancel(self.workflow_id))
 
     # -- async --------------------------------------------------------------------------------------------
 
@@ -175,7 +101,7 @@ class WorkflowHandle(Generic[R]):
         return (await self.get_async()).status
 
     async def get_async(self) -> store.Execution:
-        execution = await self.app.db.arun(store.get_execution(self.workflow_id))
+        execution = await self.runtime.db.arun(store.get_execution(self.workflow_id))
         if execution is None:
             raise WorkflowNotFound(self.workflow_id)
         return execution
@@ -196,7 +122,7 @@ class WorkflowHandle(Generic[R]):
         def wake() -> None:
             loop.call_soon_threadsafe(finished.set)
 
-        unsubscribe = await asyncio.to_thread(self.app.completions.subscribe, self.workflow_id, wake)
+        unsubscribe = await asyncio.to_thread(self.runtime.completions.subscribe, self.workflow_id, wake)
         try:
             while True:
                 outcome = await self._status_async(deadline)
@@ -212,7 +138,7 @@ class WorkflowHandle(Generic[R]):
         delay = _RETRY_FIRST_SECONDS
         while True:
             try:
-                return await self.app.db.arun(store.get_status(self.workflow_id))
+                return await self.runtime.db.arun(store.get_status(self.workflow_id))
             except psycopg.OperationalError as exc:
                 if deadline is not None and time.monotonic() + delay > deadline:
                     raise
@@ -221,7 +147,7 @@ class WorkflowHandle(Generic[R]):
                 delay = min(delay * 2, 1.0)
 
     async def cancel_async(self) -> bool:
-        return await self.app.cancel_async(self.workflow_id)
+        return await self.runtime.db.arun(store.cancel(self.workflow_id))
 
     # -- shared -------------------------------------------------------------------------------------------
 
@@ -242,16 +168,7 @@ class WorkflowHandle(Generic[R]):
         assert outcome is not None
         status, output, error = outcome
         if status == "succeeded":
-            value: R = self.app.serializer.loads(output or "null", self._return_hint)
+            value: R = self.runtime.serializer.loads(output or "null", self._return_hint)
             return value
         info = json.loads(error) if error else None
-        raise failure(self.workflow_id, status, info)
-
-
-def failure(workflow_id: str, status: str, info: dict[str, Any] | None) -> WorkflowFailed:
-    """The exception a waiter gets for an execution that ended ``status`` with error ``info``."""
-    if status == "cancelled":
-        return WorkflowCancelled(workflow_id, status, info)
-    if info and info.get("type") == "pgdurable.WorkflowTimeout":
-        return WorkflowTimeout(workflow_id, status, info)
-    return WorkflowFailed(workflow_id, status, info)
+        raise outcome_error(self.workflow_id, status, info)

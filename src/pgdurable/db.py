@@ -160,9 +160,9 @@ class Database:
                 await pool.close()
 
     def close(self) -> None:
-        from .orm import dispose
-
-        dispose(self)
+        engine = getattr(self, "_sa_engine", None)  # SQLAlchemy's, made by orm.py for Session-typed steps
+        if engine is not None:
+            engine.dispose()
         for pool in (self._pool, self._app_pool):
             if pool is not None:
                 pool.close()

@@ -77,3 +77,12 @@ class StepFailed(PgDurableError):
     def __init__(self, error: dict[str, Any]) -> None:
         self.error = error
         super().__init__(f"{error.get('type', 'Exception')}: {error.get('message', '')}")
+
+
+def outcome_error(workflow_id: str, status: str, info: dict[str, Any] | None) -> WorkflowFailed:
+    """The exception a waiter gets for an execution that ended ``status`` with error ``info``."""
+    if status == "cancelled":
+        return WorkflowCancelled(workflow_id, status, info)
+    if info and info.get("type") == "pgdurable.WorkflowTimeout":
+        return WorkflowTimeout(workflow_id, status, info)
+    return WorkflowFailed(workflow_id, status, info)

@@ -13,55 +13,55 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import store
-from .client import event_key
+from .completions import event_key
 from .context import current
 
 if TYPE_CHECKING:
-    from .app import App
+    from .runtime import Runtime
 
 # Re-read even without a notification this often: a safety net, not the latency.
 _RECHECK_SECONDS = 5.0
 
 
-def get_event(app: App, workflow_id: str, key: str, timeout: float | None) -> Any:
+def get_event(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> Any:
     ctx = current()
     if ctx is None:
-        return _read(app, _wait(app, workflow_id, key, timeout))
+        return _read(runtime, _wait(runtime, workflow_id, key, timeout))
     step_id, recorded = ctx.begin_step("pgdurable.get_event")
     if recorded is not None:
         return ctx.replay(recorded, Any)
-    text = _wait(app, workflow_id, key, timeout)
+    text = _wait(runtime, workflow_id, key, timeout)
     ctx.record_sync(step_id, "pgdurable.get_event", text or "null", None, 1, ctx.db_now())
-    return _read(app, text)
+    return _read(runtime, text)
 
 
-async def get_event_async(app: App, workflow_id: str, key: str, timeout: float | None) -> Any:
+async def get_event_async(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> Any:
     ctx = current()
     if ctx is None:
-        return _read(app, await _wait_async(app, workflow_id, key, timeout))
+        return _read(runtime, await _wait_async(runtime, workflow_id, key, timeout))
     step_id, recorded = ctx.begin_step("pgdurable.get_event")
     if recorded is not None:
         return ctx.replay(recorded, Any)
-    text = await _wait_async(app, workflow_id, key, timeout)
+    text = await _wait_async(runtime, workflow_id, key, timeout)
     await ctx.record(step_id, "pgdurable.get_event", text or "null", None, 1, ctx.db_now())
-    return _read(app, text)
+    return _read(runtime, text)
 
 
-def _read(app: App, text: str | None) -> Any:
-    return None if text is None else app.serializer.loads(text, Any)
+def _read(runtime: Runtime, text: str | None) -> Any:
+    return None if text is None else runtime.serializer.loads(text, Any)
 
 
-def _wait(app: App, workflow_id: str, key: str, timeout: float | None) -> str | None:
+def _wait(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> str | None:
     deadline = None if timeout is None else time.monotonic() + timeout
     call = store.get_event(id=workflow_id, key=key)
-    found = app.db.run(call)
+    found = runtime.db.run(call)
     if found is not None or not timeout:
         return found
     published = threading.Event()
-    unsubscribe = app.completions.subscribe(event_key(workflow_id), published.set)
+    unsubscribe = runtime.completions.subscribe(event_key(workflow_id), published.set)
     try:
         while True:
-            found = app.db.run(call)  # after subscribing: an event published in between is seen
+            found = runtime.db.run(call)  # after subscribing: an event published in between is seen
             remaining = _remaining(deadline)
             if found is not None or remaining <= 0:
                 return found
@@ -71,10 +71,10 @@ def _wait(app: App, workflow_id: str, key: str, timeout: float | None) -> str | 
         unsubscribe()
 
 
-async def _wait_async(app: App, workflow_id: str, key: str, timeout: float | None) -> str | None:
+async def _wait_async(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> str | None:
     deadline = None if timeout is None else time.monotonic() + timeout
     call = store.get_event(id=workflow_id, key=key)
-    found = await app.db.arun(call)
+    found = await runtime.db.arun(call)
     if found is not None or not timeout:
         return found
     loop = asyncio.get_running_loop()
@@ -83,10 +83,10 @@ async def _wait_async(app: App, workflow_id: str, key: str, timeout: float | Non
     def wake() -> None:
         loop.call_soon_threadsafe(published.set)
 
-    unsubscribe = await asyncio.to_thread(app.completions.subscribe, event_key(workflow_id), wake)
+    unsubscribe = await asyncio.to_thread(runtime.completions.subscribe, event_key(workflow_id), wake)
     try:
         while True:
-            found = await app.db.arun(call)
+            found = await runtime.db.arun(call)
             remaining = _remaining(deadline)
             if found is not None or remaining <= 0:
                 return found

@@ -76,9 +76,3 @@ async def async_session_transaction(
         connection = await session.connection()
         raw = await connection.get_raw_connection()
         yield session, raw.driver_connection
-
-
-def dispose(db: Database) -> None:
-    engine = getattr(db, "_sa_engine", None)
-    if engine is not None:
-        engine.dispose()

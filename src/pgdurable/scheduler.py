@@ -28,7 +28,7 @@ from .cron import CronSchedule
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
-    from .app import App
+    from .runtime import Runtime
 
 log = logging.getLogger("pgdurable.schedules")
 
@@ -144,11 +144,11 @@ class Scheduler:
     """A worker's firing loop: sleeps until the earliest schedule is due (by the database's clock, at most
     ``poll_seconds``, woken early by a NOTIFY when schedules change), then fires a pass."""
 
-    def __init__(self, app: App, pool: AsyncConnectionPool[Any], worker_id: str) -> None:
-        self.app = app
+    def __init__(self, runtime: Runtime, pool: AsyncConnectionPool[Any], worker_id: str) -> None:
+        self.runtime = runtime
         self.pool = pool
         self.worker_id = worker_id
-        self.poll_seconds = app.settings.poll_seconds
+        self.poll_seconds = runtime.settings.poll_seconds
         self._wake = asyncio.Event()
         self._declared = False
         self._declare_at = 0.0  # monotonic time of the next attempt to store the declared schedules
@@ -201,7 +201,7 @@ class Scheduler:
         failure, firing goes on and this is tried again a little later."""
         try:
             async with self.pool.connection() as conn:
-                for definition in self.app.declared_schedules.values():
+                for definition in self.runtime.declared_schedules.values():
                     async with conn.transaction():
                         now = await store.arun(conn, schedules.database_now())
                         await store.arun(conn, schedules.upsert_schedule(definition,
@@ -211,6 +211,6 @@ class Scheduler:
             self._declare_at = time.monotonic() + 5.0
             return
         self._declared = True
-        if self.app.declared_schedules:
+        if self.runtime.declared_schedules:
             log.info("worker %s: declared schedules %s", self.worker_id,
-                     ", ".join(sorted(self.app.declared_schedules)))
+                     ", ".join(sorted(self.runtime.declared_schedules)))

@@ -26,7 +26,7 @@ from .serialization import Signature
 from .steps import RetryPolicy, StepRun, running_step
 
 if TYPE_CHECKING:
-    from .app import App
+    from .runtime import Runtime
 
 ISOLATION_LEVELS = {
     None: None,
@@ -109,7 +109,7 @@ def _broken(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None,
     return conn.broken
 
 
-def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: RetryPolicy,
+def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, policy: RetryPolicy,
                           isolation: str | None) -> Callable[..., Any]:
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
@@ -125,32 +125,32 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                                  "`async def`")
     set_isolation = ISOLATION_LEVELS[isolation]
     checkpoint = sql.SQL("SELECT {}.checkpoint_step(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)").format(
-        sql.Identifier(app.schema))
+        sql.Identifier(runtime.schema))
     # The statements that open every step transaction. A worker paused inside the transaction (SIGSTOP,
     # a long GC pause, a lost network) must not hold its row locks forever: the server ends the session
     # once it has idled in the transaction for a lease.
     opening: list[tuple[sql.SQL, tuple[Any, ...] | None]] = [] if set_isolation is None else [
         (set_isolation, None)]
     opening.append((sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"),
-                    (str(int(app.settings.lease_seconds * 1000)),)))
+                    (str(int(runtime.settings.lease_seconds * 1000)),)))
 
     # What the step receives, and the psycopg connection under it, in a new transaction.
     @contextlib.contextmanager
     def transaction() -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
         if kind == "sync":
-            with session_transaction(app.db, first_hint) as (session, conn):
+            with session_transaction(runtime.db, first_hint) as (session, conn):
                 yield session, conn
         else:
-            with app.db.app_pool.connection() as conn, conn.transaction():
+            with runtime.db.app_pool.connection() as conn, conn.transaction():
                 yield conn, conn
 
     @contextlib.asynccontextmanager
     async def async_transaction() -> AsyncIterator[tuple[Any, psycopg.AsyncConnection[Any]]]:
         if kind == "async":
-            async with async_session_transaction(app.db, first_hint) as (session, conn):
+            async with async_session_transaction(runtime.db, first_hint) as (session, conn):
                 yield session, conn
         else:
-            pool = await app.db.app_async_pool()
+            pool = await runtime.db.app_async_pool()
             async with pool.connection() as conn, conn.transaction():
                 yield conn, conn
 
@@ -166,7 +166,7 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                         await conn.execute(statement, params)
                     return await async_fn(handle, *args, **kwargs)
             run = TransactionRun(ctx, name, policy, signature.return_hint)
-            run.reconnect_seconds = app.settings.lease_seconds
+            run.reconnect_seconds = runtime.settings.lease_seconds
             if run.recorded is not None:
                 return run.replay()
             with running_step():
@@ -207,7 +207,7 @@ def make_transaction_step(app: App, fn: Callable[..., Any], name: str, policy: R
                         conn.execute(statement, params)
                     return fn(handle, *args, **kwargs)
             run = TransactionRun(ctx, name, policy, signature.return_hint)
-            run.reconnect_seconds = app.settings.lease_seconds
+            run.reconnect_seconds = runtime.settings.lease_seconds
             if run.recorded is not None:
                 return run.replay()
             with running_step():

@@ -21,9 +21,8 @@ from typing import Any
 import psycopg
 
 from . import failures, store
-from .client import failure
 from .context import ExecutionContext, current
-from .errors import ConfigurationError, ResultTimeout, WorkflowIdConflict, WorkflowNotFound
+from .errors import ConfigurationError, ResultTimeout, WorkflowIdConflict, WorkflowNotFound, outcome_error
 
 Plan = Generator[Any, Any, Any]
 
@@ -248,7 +247,7 @@ def outcome(ctx: ExecutionContext, recorded: str | None, return_hint: Any) -> An
         return ctx.serializer.loads(json.dumps(info.get("output")), return_hint)
     if status == "timeout":
         raise ResultTimeout(f"workflow {info['id']} did not finish in time; it keeps running")
-    raise failure(info["id"], status, info.get("error"))
+    raise outcome_error(info["id"], status, info.get("error"))
 
 
 def patched(name: str) -> bool:

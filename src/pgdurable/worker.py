@@ -28,13 +28,13 @@ from . import failures, retention, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost, SerializationError
+from .runtime import Runtime
 from .scheduler import Scheduler
 from .waits import Suspended
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
-    from .app import App
     from .workflows import Workflow
 
 log = logging.getLogger("pgdurable.worker")
@@ -59,13 +59,15 @@ class Running:
 
 
 class Worker:
-    """Runs the workflows registered on ``app`` from the given queues (default: every queue they use)."""
+    """Runs the workflows registered on an application's runtime from the given queues (default: every queue
+    they use). ``app`` is the runtime, or the App whose runtime it is."""
 
-    def __init__(self, app: App, *, queues: list[str] | None = None, concurrency: int = 16,
+    def __init__(self, app: Any, *, queues: list[str] | None = None, concurrency: int = 16,
                  claim: bool = True) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.app = app
+        runtime: Runtime = getattr(app, "runtime", app)
+        self.app = app = runtime
         self.settings = app.settings
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.names = app.registry.names()
@@ -325,7 +327,7 @@ class Worker:
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
             serializer=self.app.serializer, batcher=self._batcher, loop=self.loop, db_now=claimed.db_now,
-            on_suspend=self._suspended, app=self.app, observers=self.observers)
+            on_suspend=self._suspended, runtime=self.app, observers=self.observers)
         if self.observers:
             context.telemetry = self.observers.workflow_started(claimed.id, claimed.name, claimed.attempt,
                                                                 json.loads(trace) if trace else None)

@@ -8,8 +8,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .errors import ConfigurationError
-from .serialization import Signature
+from .errors import ConfigurationError, SerializationError
+from .serialization import Serializer, Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,6 +50,30 @@ class Workflow(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<pgdurable workflow {self.name!r} queue={self.queue!r}>"
 
+    # -- arguments: bound by parameter name, encoded as the stored input --------------------------------
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.signature.bind(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(f"arguments do not fit workflow {self.name!r}: {exc}") from None
+
+    def encode_bound(self, serializer: Serializer, bound: dict[str, Any]) -> str:
+        """The stored input; SerializationError naming the argument that cannot be stored."""
+        try:
+            return serializer.dumps(bound)
+        except SerializationError:
+            for argument, value in bound.items():
+                try:
+                    serializer.dumps(value)
+                except SerializationError as exc:
+                    raise SerializationError(
+                        f"argument {argument!r} of workflow {self.name!r} cannot be stored: {exc}") from None
+            raise
+
+    def encode_arguments(self, serializer: Serializer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return self.encode_bound(serializer, self.bind(args, kwargs))
+
 
 class Registry:
     """Workflows by name. Names must be unique: they are what the database stores."""
@@ -68,6 +92,16 @@ class Registry:
 
     def get(self, name: str) -> Workflow[Any, Any] | None:
         return self.workflows.get(name)
+
+    def resolve(self, workflow: Workflow[..., Any] | str) -> Workflow[..., Any] | None:
+        """The registered definition of a workflow given as itself or by name (None: a name defined elsewhere)."""
+        if isinstance(workflow, Workflow):
+            if self.get(workflow.name) is not workflow:
+                raise ConfigurationError(f"workflow {workflow.name!r} is registered on another App")
+            return workflow
+        if isinstance(workflow, str):
+            return self.get(workflow)
+        raise TypeError(f"expected a workflow registered with @app.workflow or its name, got {workflow!r}")
 
     def names(self) -> list[str]:
         return sorted(self.workflows)

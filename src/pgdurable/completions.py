@@ -1,0 +1,86 @@
+"""Waking result waiters: one LISTEN connection per application, woken by NOTIFY rather than a poll."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from psycopg import sql
+
+from .db import Database
+
+log = logging.getLogger("pgdurable")
+
+
+class CompletionListener:
+    """One LISTEN connection per application, in a daemon thread, that wakes whoever waits on an execution: for its
+    completion (key: its id) or for an event it publishes (key: ``event_key(id)``)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._listening = threading.Event()
+        self._stopped = threading.Event()
+
+    def subscribe(self, execution_id: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` whenever the execution may have finished. Returns the unsubscribe function."""
+        self._ensure_running()
+        with self._lock:
+            self._waiters.setdefault(execution_id, set()).add(wake)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                waiters = self._waiters.get(execution_id)
+                if waiters is not None:
+                    waiters.discard(wake)
+                    if not waiters:
+                        del self._waiters[execution_id]
+        return unsubscribe
+
+    def _ensure_running(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="pgdurable-results", daemon=True)
+                self._thread.start()
+        # Listening before the caller's first status check means no completion can slip between them.
+        self._listening.wait(timeout=10)
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            callbacks = [cb for waiters in self._waiters.values() for cb in waiters]
+        for callback in callbacks:
+            callback()
+
+    def _loop(self) -> None:
+        done, events = f"{self._db.schema}_done", f"{self._db.schema}_event"
+        while not self._stopped.is_set():
+            try:
+                with self._db.connect() as conn:
+                    conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(done),
+                                                                        sql.Identifier(events)))
+                    self._listening.set()
+                    self._wake_all()  # anything may have finished while we were not listening
+                    while not self._stopped.is_set():
+                        for notice in conn.notifies(timeout=1.0):
+                            key = notice.payload if notice.channel == done else event_key(notice.payload)
+                            with self._lock:
+                                callbacks = list(self._waiters.get(key, ()))
+                            for callback in callbacks:
+                                callback()
+            except Exception as exc:  # connection lost: waiters fall back to re-checking; reconnect
+                if self._stopped.is_set():
+                    return
+                log.warning("result listener lost its connection (%s); reconnecting", exc)
+                self._listening.set()
+                time.sleep(1.0)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def event_key(execution_id: str) -> str:
+    return f"event:{execution_id}"

@@ -1,0 +1,67 @@
+"""App.start: run a workflow now, in this process, durably. The execution is inserted already owned by a
+claim-less worker on a daemon thread, which runs it and heartbeats its lease; if this process dies, the lease
+runs out and any worker resumes it from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+from . import store
+from .client import WorkflowHandle
+from .enqueue import check_options
+from .errors import WorkflowIdConflict
+from .runtime import Runtime
+from .worker import Worker
+from .workflows import Workflow
+
+
+class LocalRuntime:
+    """A claim-less worker on a daemon thread: runs App.start() executions and heartbeats their leases."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.worker = Worker(runtime, concurrency=64, claim=False)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name="pgdurable-local", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.worker.run())
+
+    def submit(self, claimed: store.Claimed, trace: str | None = None) -> None:
+        asyncio.run_coroutine_threadsafe(self.worker.adopt_new(claimed, trace), self.loop).result()
+
+    def close(self) -> None:
+        self.worker.stop_threadsafe()
+        self.thread.join(timeout=self.worker.settings.shutdown_grace_seconds + 5)
+
+
+def start(runtime: Runtime, local: LocalRuntime, workflow: Workflow[..., Any], args: tuple[Any, ...],
+          kwargs: dict[str, Any], *, workflow_id: str | None, priority: int | None, max_recoveries: int | None,
+          timeout_seconds: float | None) -> WorkflowHandle[Any]:
+    """Insert the execution owned by ``local`` and run it there; on a queue with limits it is enqueued instead
+    (the limits decide when it runs, and a worker claims it)."""
+    definition = runtime.registry.resolve(workflow)
+    assert definition is not None
+    check_options(workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
+                  timeout_seconds=timeout_seconds)
+    input_text = definition.encode_arguments(runtime.serializer, args, kwargs)
+    trace = runtime.trace()
+    row = runtime.db.run(store.start_owned(
+        id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
+        priority=definition.priority if priority is None else priority, input=input_text,
+        max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
+        owner=local.worker.id, lease=runtime.settings.lease_seconds,
+        timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
+        version=runtime.version, trace=trace))
+    assert row is not None
+    execution_id, name, _, attempt, stored_input, db_now, owned = row
+    if name != definition.name:
+        raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
+    if owned:  # else its queue has limits: it was enqueued, and a worker runs it when they allow
+        local.submit(store.Claimed(execution_id, name, attempt, stored_input, db_now), trace)
+    return WorkflowHandle(runtime, execution_id, definition.signature.return_hint)
