@@ -1,0 +1,75 @@
+"""``pgdurable worker MODULE:APP``: load the application and run a worker until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from ..app import App
+from ..errors import ConfigurationError
+from ..redaction import redact
+from ._common import console, setup_logging
+
+
+def _load_app(target: str) -> App:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise typer.BadParameter("expected MODULE:APP, for example myproject.workflows:app")
+    sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise typer.BadParameter(f"{target} is not a pgdurable.App (found {type(app).__name__})")
+    return app
+
+
+def worker(
+    target: Annotated[str, typer.Argument(help="The App to serve, as MODULE:ATTRIBUTE.")],
+    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to serve (repeatable).")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Executions run at once.")] = 16,
+    wait_for_db: Annotated[float, typer.Option(
+        "--wait-for-db", help="Seconds to keep retrying while the database does not answer at start.")] = 300.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on this port (needs pgdurable[metrics]).")] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address for --metrics-port.")] = "127.0.0.1",
+) -> None:
+    """Run a worker: claim executions, run them, heartbeat, sweep. SIGTERM/SIGINT stops it gracefully.
+
+    Example: pgdurable worker shop:app --queue orders --concurrency 32 --metrics-port 9100
+    """
+    setup_logging(verbose)
+    app = _load_app(target)
+    import asyncio
+
+    if metrics_port is not None:
+        try:
+            from ..metrics import PrometheusMetrics
+        except ImportError:
+            console.print("[red]--metrics-port needs the metrics extra: pip install 'pgdurable[metrics]'[/red]")
+            raise typer.Exit(2) from None
+        app.observe(PrometheusMetrics(app)).serve(metrics_port, metrics_host)  # type: ignore[attr-defined]
+
+    from ..startup import wait_for_database
+
+    try:
+        wait_for_database(app.db, wait_for_db)
+    except ConfigurationError as exc:
+        console.print(f"pgdurable worker: {redact(str(exc))}", style="red", markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(2) from None
+
+    runner = app.worker(queues=queue or None, concurrency=concurrency)
+    asyncio.run(runner.run(handle_signals=True))
+    if runner.busy_threads:
+        # Released sync workflows may still sit in a step; their work is back on the queue, so leave now.
+        logging.getLogger("pgdurable.worker").info("exiting with %d released workflow thread(s) still busy",
+                                                   runner.busy_threads)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
