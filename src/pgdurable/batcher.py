@@ -291,26 +291,26 @@ class _Plan:
         self.failure = None
 
     def _write(self, conn: psycopg.Connection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
-        calls = _write_calls(writes)
+        calls, written = _write_calls(writes), set[store.WriteKey]()
         if len(calls) > 1:
             with conn.transaction():  # both kinds: still one commit
                 for call in calls:
                     rows: set[store.WriteKey] = store.run(conn, call)
-                    self.written.update(rows)
+                    written.update(rows)
         elif calls:
-            first: set[store.WriteKey] = store.run(conn, calls[0])
-            self.written.update(first)
+            written = store.run(conn, calls[0])
+        self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
 
     async def _awrite(self, conn: psycopg.AsyncConnection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
-        calls = _write_calls(writes)
+        calls, written = _write_calls(writes), set[store.WriteKey]()
         if len(calls) > 1:
             async with conn.transaction():
                 for call in calls:
                     rows: set[store.WriteKey] = await store.arun(conn, call)
-                    self.written.update(rows)
+                    written.update(rows)
         elif calls:
-            first: set[store.WriteKey] = await store.arun(conn, calls[0])
-            self.written.update(first)
+            written = await store.arun(conn, calls[0])
+        self.written.update(written)
 
     def _refuse(self, writes: Sequence[tuple[Item, Waiter]], exc: BaseException) -> bool:
         """After the database refused ``writes`` for their data: a single write is marked refused, several
