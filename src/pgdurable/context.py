@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import threading
 import time
@@ -14,7 +13,7 @@ from typing import Any
 
 from . import failures, store
 from .batcher import StepWrite, ThreadWaiter, WriteBatcher
-from .errors import ConfigurationError, LeaseLost, NonDeterminismError, SerializationError
+from .errors import ConfigurationError, LeaseLost, NonDeterminismError
 from .serialization import Serializer
 
 _current: ContextVar[ExecutionContext | None] = ContextVar("pgdurable_execution", default=None)
@@ -86,50 +85,17 @@ class ExecutionContext:
 
     # -- recording ----------------------------------------------------------------------------------------
 
-    async def record(self, step_id: int, step_name: str, output: str | None, error: str | None,
-                     attempts: int, started_at: datetime) -> None:
-        write = StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, attempts, started_at)
-        try:
-            recorded = await self._batcher.submit(write)
-        except SerializationError as exc:
-            write, raised = self._refused(write, exc)
-            self._check(await self._batcher.submit(write), step_id, step_name)
-            self.step_done(step_name, step_id, started_at, True, attempts)
-            raise raised from None
-        self._check(recorded, step_id, step_name)
-        self.step_done(step_name, step_id, started_at, error is not None, attempts)
-
-    def record_sync(self, step_id: int, step_name: str, output: str | None, error: str | None,
-                    attempts: int, started_at: datetime) -> None:
+    def require_workflow_thread(self, message: str) -> None:
+        """Sync code of a workflow runs on the workflow's thread, never on the worker's event loop."""
         if self._on_loop_thread():
-            raise ConfigurationError(
-                f"step {step_name!r} is a plain (sync) function called from an async workflow; "
-                "make the step `async def`, or call it through `await asyncio.to_thread(...)`")
-        write = StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, attempts, started_at)
-        try:
-            recorded = self._batcher.submit_threadsafe(write).result()
-        except SerializationError as exc:
-            write, raised = self._refused(write, exc)
-            self._check(self._batcher.submit_threadsafe(write).result(), step_id, step_name)
-            self.step_done(step_name, step_id, started_at, True, attempts)
-            raise raised from None
-        self._check(recorded, step_id, step_name)
-        self.step_done(step_name, step_id, started_at, error is not None, attempts)
-
-    @staticmethod
-    def _refused(write: StepWrite, exc: SerializationError) -> tuple[StepWrite, BaseException]:
-        """The database refused a step's outcome: record the refusal as the step's own error instead (what
-        the first run raises, so that a replay raises the same)."""
-        error = SerializationError(f"step {write.step_name!r} (#{write.step_id}) could not be recorded: {exc}")
-        text, raised = failures.recordable(error)
-        return dataclasses.replace(write, output=None, error=text), raised
+            raise ConfigurationError(message)
 
     def step_done(self, step_name: str, step_id: int, started_at: datetime, failed: bool, attempts: int) -> None:
         """Tell metrics and tracing that a step ran and its outcome is recorded."""
         if self.observers:
             self.observers.step_finished(self.telemetry, step_name, step_id, started_at, utcnow(), failed, attempts)
 
-    def _check(self, recorded: bool, step_id: int, step_name: str) -> None:
+    def check_recorded(self, recorded: bool, step_id: int, step_name: str) -> None:
         if not recorded:
             self.lost = True
             raise LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} lost its lease "

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from . import limits, store, waits
+from . import limits, plans, store, waits
 from .client import WorkflowHandle
 from .connections import async_driver_connection, sync_driver_connection
 from .context import ExecutionContext, current
@@ -64,7 +64,7 @@ class Request:
             dedup_key=dedup_key, concurrency_key=concurrency_key, trace=runtime.trace())
         self.workflow_id = workflow_id
 
-    def child_plan(self, ctx: ExecutionContext) -> waits.Plan:
+    def child_plan(self, ctx: ExecutionContext) -> plans.Plan:
         """Inside a workflow: start it as a child, recorded as a step of the parent."""
         params = {k: v for k, v in self.call.params.items() if k not in ("id", "name")}
         params["trace"] = self.runtime.trace(ctx.telemetry) if self.runtime.observers else None  # the parent's
@@ -116,7 +116,7 @@ def check_options(*, workflow_id: str | None = None, queue: str | None = None, p
 def enqueue(request: Request, conn: Any = None) -> WorkflowHandle[Any]:
     ctx = current()
     if ctx is not None and conn is None:
-        return WorkflowHandle(request.runtime, waits.drive_sync(ctx, request.child_plan(ctx)), request.hint)
+        return WorkflowHandle(request.runtime, plans.drive_sync(ctx, request.child_plan(ctx)), request.hint)
     if conn is None:
         return request.handle(request.runtime.db.run(request.call))
     with id_conflicts():
@@ -127,7 +127,7 @@ def enqueue(request: Request, conn: Any = None) -> WorkflowHandle[Any]:
 async def enqueue_async(request: Request, conn: Any = None) -> WorkflowHandle[Any]:
     ctx = current()
     if ctx is not None and conn is None:
-        return WorkflowHandle(request.runtime, await waits.drive_async(ctx, request.child_plan(ctx)), request.hint)
+        return WorkflowHandle(request.runtime, await plans.drive_async(ctx, request.child_plan(ctx)), request.hint)
     if conn is None:
         return request.handle(await request.runtime.db.arun(request.call))
     with id_conflicts():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from . import store
 from .completions import event_key
 from .context import current
+from .plans import drive_async, drive_sync, record_step
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -31,7 +32,7 @@ def get_event(runtime: Runtime, workflow_id: str, key: str, timeout: float | Non
     if recorded is not None:
         return ctx.replay(recorded, Any)
     text = _wait(runtime, workflow_id, key, timeout)
-    ctx.record_sync(step_id, "pgdurable.get_event", text or "null", None, 1, ctx.db_now())
+    drive_sync(ctx, record_step(ctx, step_id, "pgdurable.get_event", text or "null", None, 1, ctx.db_now()))
     return _read(runtime, text)
 
 
@@ -43,7 +44,8 @@ async def get_event_async(runtime: Runtime, workflow_id: str, key: str, timeout:
     if recorded is not None:
         return ctx.replay(recorded, Any)
     text = await _wait_async(runtime, workflow_id, key, timeout)
-    await ctx.record(step_id, "pgdurable.get_event", text or "null", None, 1, ctx.db_now())
+    await drive_async(ctx, record_step(ctx, step_id, "pgdurable.get_event", text or "null", None, 1,
+                                      ctx.db_now()))
     return _read(runtime, text)
 
 

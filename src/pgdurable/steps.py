@@ -1,16 +1,14 @@
 """The @step decorator: run once, record the outcome, return the recorded outcome on replay.
 
-``StepRun`` holds the logic of one call of a step inside a workflow (replay, attempts with backoff, what
-to record); the sync and async wrappers only differ in how they call the body and sleep.
+``StepRun`` holds the state of one call of a step inside a workflow (replay, attempts with backoff, what to
+record) and ``step_plan`` its logic, written once; the sync and async wrappers only pick the driver.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
@@ -18,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from . import failures
 from .context import ExecutionContext, _in_step, current, utcnow
 from .errors import LeaseLost, NonDeterminismError, SerializationError
+from .plans import Invoke, Pause, Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
 
 P = ParamSpec("P")
@@ -121,6 +120,21 @@ def running_step() -> Iterator[None]:
         _in_step.reset(token)
 
 
+def step_plan(run: StepRun, body: Invoke) -> Plan:
+    """One call of a step inside a workflow: replay its record, or run the body with retries and record it."""
+    if run.recorded is not None:
+        return run.replay()
+    with running_step():
+        for _ in run.attempts():
+            try:
+                run.succeeded((yield body))
+            except Exception as exc:
+                if (delay := run.failed(exc)) is not None:
+                    yield Pause(delay)
+    yield from record_step(run.ctx, *run.checkpoint())
+    return run.result()
+
+
 def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P, R]:
     return_hint = Signature(fn).return_hint
 
@@ -132,18 +146,8 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             ctx = current()
             if ctx is None:
                 return await async_fn(*args, **kwargs)
-            run = StepRun(ctx, name, policy, return_hint)
-            if run.recorded is not None:
-                return run.replay()
-            with running_step():
-                for _ in run.attempts():
-                    try:
-                        run.succeeded(await async_fn(*args, **kwargs))
-                    except Exception as exc:
-                        if (delay := run.failed(exc)) is not None:
-                            await asyncio.sleep(delay)
-            await ctx.record(*run.checkpoint())
-            return run.result()
+            return await drive_async(ctx, step_plan(StepRun(ctx, name, policy, return_hint),
+                                                    Invoke(async_fn, args, kwargs)))
 
         step: Callable[..., Any] = async_step
     else:
@@ -152,18 +156,9 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             ctx = current()
             if ctx is None:
                 return fn(*args, **kwargs)
-            run = StepRun(ctx, name, policy, return_hint)
-            if run.recorded is not None:
-                return run.replay()
-            with running_step():
-                for _ in run.attempts():
-                    try:
-                        run.succeeded(fn(*args, **kwargs))
-                    except Exception as exc:
-                        if (delay := run.failed(exc)) is not None:
-                            time.sleep(delay)
-            ctx.record_sync(*run.checkpoint())
-            return run.result()
+            ctx.require_workflow_thread(f"step {name!r} is a plain (sync) function called from an async workflow; "
+                                        "make the step `async def`, or call it through `await asyncio.to_thread(...)`")
+            return drive_sync(ctx, step_plan(StepRun(ctx, name, policy, return_hint), Invoke(fn, args, kwargs)))
 
         step = sync_step
     step.__pgdurable_step__ = name  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from psycopg import sql
 from .context import current
 from .errors import ConfigurationError, LeaseLost, SerializationError
 from .orm import async_session_transaction, session_kind, session_transaction
+from .plans import drive_async, drive_sync, record_step
 from .serialization import Signature
 from .steps import RetryPolicy, StepRun, running_step
 
@@ -193,7 +194,7 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
             if run.failure is None:
                 ctx.step_done(name, run.step_id, run.started, False, run.tries)
                 return run.value  # committed together with its checkpoint
-            await ctx.record(*run.checkpoint())  # only the error: none of the step's writes was kept
+            await drive_async(ctx, record_step(ctx, *run.checkpoint()))  # only the error: no write was kept
             return run.result()
 
         step: Callable[..., Any] = async_step
@@ -234,7 +235,7 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
             if run.failure is None:
                 ctx.step_done(name, run.step_id, run.started, False, run.tries)
                 return run.value
-            ctx.record_sync(*run.checkpoint())
+            drive_sync(ctx, record_step(ctx, *run.checkpoint()))
             return run.result()
 
         step = sync_step

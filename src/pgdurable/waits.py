@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
-
-import psycopg
 
 from . import failures, store
 from .context import ExecutionContext, current
 from .errors import ConfigurationError, ResultTimeout, WorkflowIdConflict, WorkflowNotFound, outcome_error
-
-Plan = Generator[Any, Any, Any]
+from .plans import Plan, drive_async, drive_sync
 
 # An awaited execution that is not our child cannot wake us: look at it again this often.
 _NON_CHILD_POLL_SECONDS = 1.0
@@ -34,41 +31,6 @@ _MAX_ID_LENGTH = 200
 class Suspended(BaseException):
     """Unwinds a workflow that is now waiting in the database. A BaseException, so that a workflow's
     ``except Exception`` does not swallow it."""
-
-
-def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
-    try:
-        effect = next(plan)
-        while True:
-            try:
-                result = ctx.perform_sync(effect)
-            except psycopg.OperationalError as exc:
-                raise _gave_up(ctx, exc) from exc
-            effect = plan.send(result)
-    except StopIteration as done:
-        return done.value
-
-
-async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
-    try:
-        effect = next(plan)
-        while True:
-            try:
-                result = await ctx.perform_async(effect)
-            except psycopg.OperationalError as exc:
-                raise _gave_up(ctx, exc) from exc
-            effect = plan.send(result)
-    except StopIteration as done:
-        return done.value
-
-
-def _gave_up(ctx: ExecutionContext, exc: psycopg.OperationalError) -> BaseException:
-    """A primitive's statement failed for the database's reasons, not the workflow's: a lost connection, a
-    cancelled statement (pg_cancel_backend, statement_timeout), a server shutting down. It did not commit
-    (a cancel), or nobody knows (a lost connection); each statement records its effect and its step together,
-    so either way this attempt is given up without raising into the workflow: its lease runs out and the
-    execution resumes from its checkpoints, where the replay finds whatever did commit."""
-    return ctx.lease_lost(f"a statement of a durable primitive failed: {type(exc).__name__}: {exc}".strip())
 
 
 def workflow_context(what: str) -> ExecutionContext:

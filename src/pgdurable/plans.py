@@ -1,0 +1,123 @@
+"""One implementation of each in-workflow operation, two drivers.
+
+An operation (a step, a durable sleep, a receive, a child's start...) is written once, as a *plan*: a
+generator that yields effects and receives their results (or has their exceptions thrown into it). An effect
+is a statement for the worker's writer (a ``StepWrite``, a list of them, or a ``store.Call``), a call of the
+user's code (``Invoke``: a step's body), or a pause (``Pause``: a retry's backoff). ``drive_sync`` runs a
+plan from a sync workflow's thread, ``drive_async`` from an async workflow's task; nothing else differs
+between sync and async, so the engine keeps no twin of any operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from . import failures
+from .batcher import StepWrite
+from .context import ExecutionContext
+from .errors import SerializationError
+
+Plan = Generator[Any, Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Invoke:
+    """Call the user's code (a step's body): called by the sync driver, awaited by the async one. What it
+    raises is thrown into the plan, which applies the step's retry policy."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait this long (a retry's backoff) without holding anything."""
+
+    seconds: float
+
+
+def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = plan.throw(error) if error is not None else plan.send(result)
+        except StopIteration as done:
+            return done.value
+        result, error = None, None
+        if isinstance(effect, Invoke):
+            try:
+                result = effect.fn(*effect.args, **effect.kwargs)
+            except BaseException as exc:  # thrown in, so the plan's own cleanup runs here, in this context
+                error = exc
+        elif isinstance(effect, Pause):
+            time.sleep(effect.seconds)
+        else:
+            try:
+                result = ctx.perform_sync(effect)
+            except psycopg.OperationalError as exc:
+                error = _gave_up(ctx, exc)
+            except Exception as exc:
+                error = exc
+
+
+async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = plan.throw(error) if error is not None else plan.send(result)
+        except StopIteration as done:
+            return done.value
+        result, error = None, None
+        if isinstance(effect, Invoke):
+            try:
+                result = effect.fn(*effect.args, **effect.kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            except BaseException as exc:
+                error = exc
+        elif isinstance(effect, Pause):
+            await asyncio.sleep(effect.seconds)
+        else:
+            try:
+                result = await ctx.perform_async(effect)
+            except psycopg.OperationalError as exc:
+                error = _gave_up(ctx, exc)
+            except Exception as exc:
+                error = exc
+
+
+def _gave_up(ctx: ExecutionContext, exc: psycopg.OperationalError) -> BaseException:
+    """A statement failed for the database's reasons, not the workflow's: a lost connection, a cancelled
+    statement (pg_cancel_backend, statement_timeout), a server shutting down. It did not commit (a cancel), or
+    nobody knows (a lost connection); each statement records its effect and its step together, so either way
+    this attempt is given up without raising into the workflow: its lease runs out and the execution resumes
+    from its checkpoints, where the replay finds whatever did commit."""
+    return ctx.lease_lost(f"a statement of a durable primitive failed: {type(exc).__name__}: {exc}".strip())
+
+
+def record_step(ctx: ExecutionContext, step_id: int, step_name: str, output: str | None, error: str | None,
+                attempts: int, started_at: datetime) -> Plan:
+    """Record a step's outcome through the worker's writer. An outcome the database refuses is recorded as the
+    step's own ``SerializationError`` instead, which is then raised (as a replay will raise it)."""
+    write = StepWrite(ctx.execution_id, ctx.attempt, step_id, step_name, output, error, attempts, started_at)
+    try:
+        recorded = yield write
+    except SerializationError as refused:
+        failure = SerializationError(f"step {step_name!r} (#{step_id}) could not be recorded: {refused}")
+        text, raised = failures.recordable(failure)
+        ctx.check_recorded((yield replace(write, output=None, error=text)), step_id, step_name)
+        ctx.step_done(step_name, step_id, started_at, True, attempts)
+        raise raised from None
+    ctx.check_recorded(recorded, step_id, step_name)
+    ctx.step_done(step_name, step_id, started_at, error is not None, attempts)
