@@ -133,3 +133,108 @@ class AsyncFakeConnection:
 
     async def close(self) -> None:
         self.closed = True
+
+
+# ---- a workflow attempt without a worker: for the primitives' plans (waits.py) -----------------------------
+
+class FakeRunner:
+    """Answers a plan's effects: StepWrites (True unless the step's name is in ``fenced``), lists of them,
+    and store.Calls by name via ``answers[name]`` (a value, or a callable taking the call's params).
+    Every effect is kept in ``effects``, in order."""
+
+    def __init__(self, **answers: Any) -> None:
+        self.answers: dict[str, Any] = answers
+        self.fenced: set[str] = set()
+        self.effects: list[Any] = []
+
+    def __call__(self, effect: Any) -> Any:
+        from pgdurable.batcher import StepWrite
+        self.effects.append(effect)
+        if isinstance(effect, list):
+            return [write.step_name not in self.fenced for write in effect]
+        if isinstance(effect, StepWrite):
+            return effect.step_name not in self.fenced
+        answer = self.answers[effect.name]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer(dict(effect.params)) if callable(answer) else answer
+
+    def calls(self, name: str | None = None) -> list[Any]:
+        from pgdurable.batcher import StepWrite
+        return [e for e in self.effects if not isinstance(e, StepWrite | list) and (name is None or e.name == name)]
+
+    def writes(self) -> list[Any]:
+        from pgdurable.batcher import StepWrite
+        flat: list[Any] = []
+        for e in self.effects:
+            flat.extend(e if isinstance(e, list) else [e] if isinstance(e, StepWrite) else [])
+        return flat
+
+
+class FakeContext:
+    """What the primitives' plans use of an ExecutionContext: the step counter over recorded steps, the
+    database clock, the serializer, fencing (lease_lost, suspended), and perform_sync/perform_async, which
+    hand every effect to a FakeRunner."""
+
+    def __init__(self, runner: FakeRunner, recorded: dict[int, Any] | None = None, *,
+                 now: Any = None, execution_id: str = "wf-1", attempt: int = 1) -> None:
+        from datetime import UTC, datetime
+
+        from pgdurable.serialization import JsonSerializer
+        self.runner = runner
+        self.recorded = recorded or {}
+        self.now = now or datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+        self.execution_id = execution_id
+        self.workflow_name = "wf"
+        self.attempt = attempt
+        self.serializer = JsonSerializer()
+        self.lost = False
+        self.suspensions: list[Any] = []
+        self._next_step = 0
+
+    def begin_step(self, step_name: str) -> tuple[int, Any]:
+        step_id = self._next_step
+        self._next_step += 1
+        recorded = self.recorded.get(step_id)
+        assert recorded is None or recorded.step_name == step_name, (step_id, step_name, recorded)
+        return step_id, recorded
+
+    def peek_step(self) -> tuple[int, Any]:
+        return self._next_step, self.recorded.get(self._next_step)
+
+    def replay(self, recorded: Any, return_hint: Any) -> Any:
+        from pgdurable import failures
+        if recorded.error is not None:
+            raise failures.rebuild(json.loads(recorded.error))
+        return self.serializer.loads(recorded.output or "null", return_hint)
+
+    def db_now(self) -> Any:
+        return self.now
+
+    def step_write(self, step_id: int, step_name: str, output: str | None, error: str | None = None,
+                   started_at: Any = None) -> Any:
+        from pgdurable.batcher import StepWrite
+        return StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, 1,
+                         started_at or self.now)
+
+    def perform_sync(self, effect: Any) -> Any:
+        return self.runner(effect)
+
+    async def perform_async(self, effect: Any) -> Any:
+        return self.runner(effect)
+
+    def suspended(self, wake_at: Any) -> None:
+        self.lost = True
+        self.suspensions.append(wake_at)
+
+    def lease_lost(self, what: str) -> Exception:
+        from pgdurable.errors import LeaseLost
+        self.lost = True
+        return LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} no longer owns it ({what})")
+
+
+def recorded_from(runner: FakeRunner) -> dict[int, Any]:
+    """The steps a first run recorded (the writes the runner accepted), as a replay loads them."""
+    from pgdurable.store import RecordedStep
+    return {w.step_id: RecordedStep(w.step_name, w.output, w.error) for w in runner.writes()
+            if w.step_name not in runner.fenced}
