@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgdurable import display
@@ -76,6 +76,7 @@ def test_binary_loader() -> None:
     assert loader.load(binary(0)) == EPOCH_2000
 
 
+@settings(deadline=None)
 @given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59)))
 def test_text_of_agrees_with_python_in_range(moment: datetime) -> None:
     """The civil-from-days arithmetic used out of range gives PostgreSQL's text wherever Python can check it."""

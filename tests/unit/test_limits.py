@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgdurable import limits
@@ -90,6 +90,7 @@ def test_rate_period_refuses(value: Any) -> None:
         limits.rate_period("60")
 
 
+@settings(deadline=None)
 @given(st.floats())
 def test_seconds_bounds_property(value: float) -> None:
     in_timeout = math.isfinite(value) and 0 < value <= MAX_SECONDS
@@ -170,6 +171,7 @@ def test_workflow_id() -> None:
         limits.workflow_id(7)
 
 
+@settings(deadline=None)
 @given(st.text(max_size=250))
 def test_key_property(value: str) -> None:
     ok = 1 <= len(value) <= 200 and "\x00" not in value

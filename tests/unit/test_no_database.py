@@ -35,12 +35,12 @@ def test_pools_are_refused() -> None:
 def test_engine_database_paths_are_refused() -> None:
     """The engine's own connection helpers go through the patched functions too."""
     import pgdurable
-    app = pgdurable.App(URL, schema="unit_guard")
-    try:
-        with pytest.raises(DatabaseForbidden):
+    with pytest.raises(DatabaseForbidden):
+        app = pgdurable.App(URL, schema="unit_guard")
+        try:
             app.migrate()
-    finally:
-        app.close()
+        finally:
+            app.close()
 
 
 def test_marked_unit(request: pytest.FixtureRequest) -> None:

@@ -169,6 +169,7 @@ def test_utf8_size() -> None:
         utf8_size("ab\udc80")
 
 
+@settings(deadline=None)
 @given(st.text(max_size=50))
 def test_utf8_size_is_the_encoded_length(text: str) -> None:
     assert utf8_size(text) == len(text.encode("utf-8"))

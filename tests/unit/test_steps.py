@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgdurable.errors import LeaseLost, NonDeterminismError, SerializationError
@@ -77,6 +77,7 @@ def test_policies_that_give_unusable_delays_are_refused(kwargs: dict[str, float]
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
 
 
+@settings(deadline=None)
 @given(max_attempts=st.integers(1, 30), interval=st.floats(0, 100), backoff=st.floats(1, 10),
        max_interval=st.floats(0, 1000))
 def test_delays_never_decrease_and_never_exceed_the_cap(max_attempts: int, interval: float, backoff: float,
