@@ -28,7 +28,7 @@ def embedded_data_dir() -> Path:
 
 def schema_name(explicit: str | None) -> str:
     name = explicit or os.environ.get("PGDURABLE_SCHEMA") or "pgdurable"
-    if not _IDENTIFIER.match(name):
+    if not _IDENTIFIER.fullmatch(name):
         raise ConfigurationError(
             f"schema name {name!r} must be a lowercase SQL identifier (letters, digits, underscore)"
         )

@@ -54,10 +54,17 @@ def recordable(exc: BaseException) -> tuple[str, BaseException]:
     replay gets (caused by ``exc``)."""
     info = describe(exc)
     replayed = rebuild(info)
-    if type(replayed) is type(exc):
+    if type(replayed) is type(exc) and _same_args(replayed, exc):
         return json.dumps(info), exc
     replayed.__cause__ = exc
     return json.dumps(info), replayed
+
+
+def _same_args(a: BaseException, b: BaseException) -> bool:
+    try:
+        return bool(a.args == b.args)
+    except Exception:  # arguments whose == raises: not the same, as far as a replay can tell
+        return False
 
 
 def type_name(cls: type[BaseException]) -> str:

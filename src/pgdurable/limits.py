@@ -37,7 +37,11 @@ def delay_seconds(value: Any, what: str = "delay") -> float:
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)  # an int too large for a float raises OverflowError: refuse it the same way
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float: as out of range as any other
+        raise ValueError(f"{what} must be a finite number of seconds, not an integer of {len(str(value))} "
+                         "digits") from None
     if not math.isfinite(seconds):
         raise ValueError(f"{what} must be a finite number of seconds, not {value!r}")
     return seconds

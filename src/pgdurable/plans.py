@@ -103,7 +103,9 @@ def _gave_up(ctx: ExecutionContext, exc: psycopg.OperationalError) -> BaseExcept
     nobody knows (a lost connection); each statement records its effect and its step together, so either way
     this attempt is given up without raising into the workflow: its lease runs out and the execution resumes
     from its checkpoints, where the replay finds whatever did commit."""
-    return ctx.lease_lost(f"a statement of a durable primitive failed: {type(exc).__name__}: {exc}".strip())
+    lost = ctx.lease_lost(f"a statement of a durable primitive failed: {type(exc).__name__}: {exc}".strip())
+    lost.__cause__ = exc
+    return lost
 
 
 def record_step(ctx: ExecutionContext, step_id: int, step_name: str, output: str | None, error: str | None,

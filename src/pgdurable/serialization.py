@@ -82,6 +82,8 @@ def storage_problem(text: str) -> str | None:
             or "\\ud" in text or "\\uD" in text):
         try:
             from_json(text, allow_inf_nan=False)
+        except TypeError:  # raw (unescaped) surrogates: not even text pydantic can read
+            return "it contains a lone UTF-16 surrogate, which is not valid UTF-8"
         except ValueError as exc:
             detail = str(exc)
             if "recursion limit" in detail:
@@ -173,7 +175,8 @@ class Signature:
             # One TypedDict of all parameters, so the whole input is validated in a single JSON parse.
             fields = dict(self.param_hints)
             typed = TypedDict("Arguments", fields, total=False)  # type: ignore[misc]
-            typed.__pydantic_config__ = _BYTES_AS_BASE64  # type: ignore[attr-defined]
+            # Unknown keys are kept (not dropped), so that decode_input names them instead of ignoring them.
+            typed.__pydantic_config__ = ConfigDict(**_BYTES_AS_BASE64, extra="allow")  # type: ignore[attr-defined]
             adapter = TypeAdapter(typed)
             self.__dict__["_input_adapter_cache"] = adapter
         return adapter

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
@@ -40,8 +41,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
-        if self.interval < 0 or self.backoff < 1:
-            raise ValueError("interval must be >= 0 and backoff >= 1")
+        if not (0 <= self.interval < math.inf and 1 <= self.backoff < math.inf and 0 <= self.max_interval < math.inf):
+            raise ValueError("interval and max_interval must be finite and >= 0, and backoff finite and >= 1")
 
     def retries(self, exc: BaseException, attempt: int) -> float | None:
         """Seconds to wait before the next attempt, or None when the step should not be retried."""

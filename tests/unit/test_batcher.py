@@ -144,10 +144,6 @@ def test_other_errors_fail_the_whole_batch(error: type[Exception]) -> None:
     assert len(db.statements) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine: _Plan keeps the keys written inside a transaction that was then rolled back (steps written, "
-    "completions refused for their data); when the batch is rewritten one write at a time and that step is "
-    "now fenced (its lease was lost meanwhile), its writer is still told it was recorded"))
 def test_keys_of_a_rolled_back_transaction_are_not_reported_written() -> None:
     db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
     db.refuse = bad_output

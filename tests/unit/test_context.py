@@ -159,9 +159,9 @@ def test_step_outside_a_workflow_is_a_plain_call() -> None:
 
 
 def test_step_retries_then_records_the_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pgdurable.steps as steps_module
+    import pgdurable.plans as plans_module
     slept: list[float] = []
-    monkeypatch.setattr(steps_module.time, "sleep", slept.append)
+    monkeypatch.setattr(plans_module.time, "sleep", slept.append)
     attempts: list[int] = []
 
     def flaky() -> None:
@@ -227,8 +227,11 @@ def test_sync_step_from_the_event_loop_thread_is_refused() -> None:
         ctx = ExecutionContext(execution_id="x", workflow_name="f", attempt=1, recorded={},
                                serializer=JsonSerializer(), batcher=FakeWriter(),  # type: ignore[arg-type]
                                loop=asyncio.get_running_loop())
+        ran: list[int] = []
+        sync_step = make_step(lambda: ran.append(1), "s", RetryPolicy())
         with pytest.raises(ConfigurationError, match="make the step `async def`"):
-            ctx.record_sync(0, "s", "1", None, 1, datetime.now(UTC))
+            in_workflow(ctx, sync_step)
+        assert ran == []  # refused before its body runs
         with pytest.raises(ConfigurationError, match="_async form"):
             ctx.perform_sync(ctx.step_write(0, "s", "1"))
     asyncio.run(main())

@@ -269,10 +269,6 @@ def test_recordable_agrees_with_rebuild(cls: type[Exception], args: list[Any]) -
     assert replayed.args == exc.args
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine: recordable() hands the first run its own exception whenever the rebuilt type matches, but "
-    "arguments that are not storable (a NUL, a lone surrogate, over 64 KiB) are dropped from the row, so a "
-    "replay raises the same type with different args (the escaped or truncated message)"))
 @pytest.mark.parametrize("argument", ["a\x00b", "\udc80", "z" * (70 * 1024)])
 def test_first_run_and_replay_see_the_same_args(argument: str) -> None:
     text, raised = failures.recordable(ValueError(argument))

@@ -35,10 +35,6 @@ def test_timeout_refuses_out_of_range(value: Any) -> None:
         limits.timeout_seconds(value)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "engine (inconsistency): an int too large for a float (10**400) escapes _number as OverflowError, an "
-    "ArithmeticError, while every other out-of-range number raises ValueError; callers that catch "
-    "(ValueError, TypeError) for a clean message let it through"))
 def test_huge_int_is_refused_as_a_value_error() -> None:
     """An int too large for a float is refused like any other out-of-range number (not OverflowError)."""
     with pytest.raises(ValueError):

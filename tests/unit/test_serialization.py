@@ -148,11 +148,6 @@ def test_raw_text_leaves_surrogates_to_utf8_size(value: Any) -> None:
             SizeLimit(JSON, 10**6).check(text)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "engine (latent): storage_problem raises TypeError from pydantic_core.from_json on text holding a raw "
-    "(unescaped) lone surrogate when the text also triggers a re-parse (NaN, Infinity, deep nesting), instead "
-    "of returning a reason; today's callers run utf8_size first or pass ensure_ascii JSON, so it is not "
-    "reached through SizeLimit or the bulk enqueue"))
 def test_storage_problem_on_raw_lone_surrogate_returns_a_reason() -> None:
     assert storage_problem('{"\ud83dNaN": null}') is not None
 
@@ -301,10 +296,7 @@ def test_signature_bind_refuses_what_does_not_fit() -> None:
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    pytest.param('{"a": 1, "zzz": 2}', "does not take", marks=pytest.mark.xfail(strict=True, reason=(
-        "engine: with the JSON serializer decode_input validates through a TypedDict that silently drops "
-        "unknown keys, so its 'arguments the function does not take' check never fires: an input with a "
-        "misspelled argument (e.g. from the SQL enqueue_workflow API) runs with the default instead"))),
+    ('{"a": 1, "zzz": 2}', "does not take"),
     ("[1, 2]", "cannot decode workflow input|must be an object"),
     ('{"a": "not an int"}', "cannot decode workflow input"),
 ])

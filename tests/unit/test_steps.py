@@ -67,10 +67,6 @@ def test_invalid_policies(kwargs: dict[str, float]) -> None:
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine: RetryPolicy validates max_attempts, interval >= 0 and backoff >= 1 but accepts a negative "
-    "max_interval and a NaN interval; retries() then returns a negative or NaN delay, and a sync step's "
-    "time.sleep(delay) raises ValueError out of the step instead of retrying"))
 @pytest.mark.parametrize("kwargs", [{"max_interval": -1.0}, {"interval": math.nan}])
 def test_policies_that_give_unusable_delays_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
