@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import threading
 import time
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
 from . import store
+from .completions import Listen, Nap, wait_async, wait_sync
 from .context import current
+from .effects import Pause
 from .errors import ResultTimeout, WorkflowNotFound, outcome_error
 
 if TYPE_CHECKING:
@@ -61,36 +61,7 @@ class WorkflowHandle(Generic[R]):
 
             value: R = gather([self], timeout)[0]
             return value
-        deadline = None if timeout is None else time.monotonic() + timeout
-        outcome = self._status(deadline)
-        if self._is_final(outcome):  # already finished: no need to listen
-            return self._decode(outcome)
-        finished = threading.Event()
-        # Subscribe, then look again: a completion between the two checks is seen by one of them.
-        unsubscribe = self.runtime.completions.subscribe(self.workflow_id, finished.set)
-        try:
-            while True:
-                outcome = self._status(deadline)
-                if self._is_final(outcome):
-                    return self._decode(outcome)
-                finished.wait(self._wait_time(deadline))
-                finished.clear()
-        finally:
-            unsubscribe()
-
-    def _status(self, deadline: float | None) -> tuple[Any, ...] | None:
-        """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
-        workflow's outcome: the pool replaces the connection, and the wait goes on until the deadline."""
-        delay = _RETRY_FIRST_SECONDS
-        while True:
-            try:
-                return self.runtime.db.run(store.get_status(self.workflow_id))
-            except psycopg.OperationalError as exc:
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise
-                log.info("waiting for %s: status check failed (%s); retrying", self.workflow_id, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return self._decode(wait_sync(self.runtime.db, self.runtime.completions, self._finished(timeout)))
 
     def cancel(self) -> bool:
         return self.runtime.db.run(store.cancel(self.workflow_id))
@@ -112,44 +83,40 @@ class WorkflowHandle(Generic[R]):
 
             value: R = (await gather_async([self], timeout))[0]
             return value
-        deadline = None if timeout is None else time.monotonic() + timeout
-        outcome = await self._status_async(deadline)
-        if self._is_final(outcome):
-            return self._decode(outcome)
-        loop = asyncio.get_running_loop()
-        finished = asyncio.Event()
-
-        def wake() -> None:
-            loop.call_soon_threadsafe(finished.set)
-
-        unsubscribe = await asyncio.to_thread(self.runtime.completions.subscribe, self.workflow_id, wake)
-        try:
-            while True:
-                outcome = await self._status_async(deadline)
-                if self._is_final(outcome):
-                    return self._decode(outcome)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), self._wait_time(deadline))
-                finished.clear()
-        finally:
-            unsubscribe()
-
-    async def _status_async(self, deadline: float | None) -> tuple[Any, ...] | None:
-        delay = _RETRY_FIRST_SECONDS
-        while True:
-            try:
-                return await self.runtime.db.arun(store.get_status(self.workflow_id))
-            except psycopg.OperationalError as exc:
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise
-                log.info("waiting for %s: status check failed (%s); retrying", self.workflow_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return self._decode(await wait_async(self.runtime.db, self.runtime.completions, self._finished(timeout)))
 
     async def cancel_async(self) -> bool:
         return await self.runtime.db.arun(store.cancel(self.workflow_id))
 
     # -- shared -------------------------------------------------------------------------------------------
+
+    def _finished(self, timeout: float | None) -> Generator[Any, Any, tuple[Any, ...]]:
+        """The wait for the outcome, written once for both drivers: look; if unfinished, listen for its
+        completion and look again (a completion between the two looks is seen by one of them), then sleep
+        until notified or the re-check interval, until the deadline."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = yield from self._status(deadline)
+        if not self._is_final(outcome):
+            yield Listen(self.workflow_id)
+            while not self._is_final(outcome := (yield from self._status(deadline))):
+                yield Nap(self._wait_time(deadline))
+        assert outcome is not None
+        return outcome
+
+    def _status(self, deadline: float | None) -> Generator[Any, Any, tuple[Any, ...] | None]:
+        """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
+        workflow's outcome: the pool replaces the connection, and the wait goes on until the deadline."""
+        delay = _RETRY_FIRST_SECONDS
+        while True:
+            try:
+                row: tuple[Any, ...] | None = yield store.get_status(self.workflow_id)
+                return row
+            except psycopg.OperationalError as exc:
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+                log.info("waiting for %s: status check failed (%s); retrying", self.workflow_id, exc)
+                yield Pause(delay)
+                delay = min(delay * 2, 1.0)
 
     def _is_final(self, outcome: tuple[Any, ...] | None) -> bool:
         if outcome is None:

@@ -1,17 +1,24 @@
-"""Waking result waiters: one LISTEN connection per application, woken by NOTIFY rather than a poll."""
+"""Waking those who wait outside workflows (for a result, for an event): one LISTEN connection per
+application, so that a wait ends on NOTIFY rather than a poll; and the two drivers of such waits."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from psycopg import sql
 
 from .db import Database
+from .effects import Pause
 
 log = logging.getLogger("pgdurable")
+T = TypeVar("T")
 
 
 class CompletionListener:
@@ -84,3 +91,82 @@ class CompletionListener:
 
 def event_key(execution_id: str) -> str:
     return f"event:{execution_id}"
+
+
+# ---- waiting outside workflows: one plan, two drivers ---------------------------------------------------------
+# A wait for something another process finishes (a result, an event) is written once as a plan that yields
+# store.Calls (read the database), Listen (subscribe to its notifications), Nap (sleep until notified or
+# the time is up) and Pause (back off after a lost connection); wait_sync and wait_async run it.
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nap:
+    seconds: float
+
+
+def wait_sync(db: Database, listener: CompletionListener, plan: Generator[Any, Any, T]) -> T:
+    woken = threading.Event()
+    unsubscribe: Callable[[], None] | None = None
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                effect = plan.throw(error) if error is not None else plan.send(result)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            result, error = None, None
+            if isinstance(effect, Listen):
+                unsubscribe = listener.subscribe(effect.key, woken.set)
+            elif isinstance(effect, Nap):
+                woken.wait(effect.seconds)
+                woken.clear()
+            elif isinstance(effect, Pause):
+                time.sleep(effect.seconds)
+            else:
+                try:
+                    result = db.run(effect)
+                except Exception as exc:
+                    error = exc
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
+
+
+async def wait_async(db: Database, listener: CompletionListener, plan: Generator[Any, Any, T]) -> T:
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+    unsubscribe: Callable[[], None] | None = None
+    result: Any = None
+    error: BaseException | None = None
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(woken.set)
+
+    try:
+        while True:
+            try:
+                effect = plan.throw(error) if error is not None else plan.send(result)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            result, error = None, None
+            if isinstance(effect, Listen):
+                unsubscribe = await asyncio.to_thread(listener.subscribe, effect.key, wake)
+            elif isinstance(effect, Nap):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), effect.seconds)
+                woken.clear()
+            elif isinstance(effect, Pause):
+                await asyncio.sleep(effect.seconds)
+            else:
+                try:
+                    result = await db.arun(effect)
+                except Exception as exc:
+                    error = exc
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()

@@ -6,14 +6,12 @@ answer is recorded as a step, so a replay returns the same value without reading
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
 import time
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from . import store
-from .completions import event_key
+from .completions import Listen, Nap, event_key, wait_async, wait_sync
 from .context import current
 from .plans import drive_async, drive_sync, record_step
 
@@ -54,49 +52,27 @@ def _read(runtime: Runtime, text: str | None) -> Any:
 
 
 def _wait(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> str | None:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    call = store.get_event(id=workflow_id, key=key)
-    found = runtime.db.run(call)
-    if found is not None or not timeout:
-        return found
-    published = threading.Event()
-    unsubscribe = runtime.completions.subscribe(event_key(workflow_id), published.set)
-    try:
-        while True:
-            found = runtime.db.run(call)  # after subscribing: an event published in between is seen
-            remaining = _remaining(deadline)
-            if found is not None or remaining <= 0:
-                return found
-            published.wait(min(remaining, _RECHECK_SECONDS))
-            published.clear()
-    finally:
-        unsubscribe()
+    return wait_sync(runtime.db, runtime.completions, _published(workflow_id, key, timeout))
 
 
 async def _wait_async(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> str | None:
+    return await wait_async(runtime.db, runtime.completions, _published(workflow_id, key, timeout))
+
+
+def _published(workflow_id: str, key: str, timeout: float | None) -> Generator[Any, Any, str | None]:
+    """The event's latest value, waiting up to ``timeout`` for a first one (one plan, both drivers)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     call = store.get_event(id=workflow_id, key=key)
-    found = await runtime.db.arun(call)
+    found: str | None = yield call
     if found is not None or not timeout:
         return found
-    loop = asyncio.get_running_loop()
-    published = asyncio.Event()
-
-    def wake() -> None:
-        loop.call_soon_threadsafe(published.set)
-
-    unsubscribe = await asyncio.to_thread(runtime.completions.subscribe, event_key(workflow_id), wake)
-    try:
-        while True:
-            found = await runtime.db.arun(call)
-            remaining = _remaining(deadline)
-            if found is not None or remaining <= 0:
-                return found
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(published.wait(), min(remaining, _RECHECK_SECONDS))
-            published.clear()
-    finally:
-        unsubscribe()
+    yield Listen(event_key(workflow_id))
+    while True:
+        found = yield call  # after subscribing: an event published in between is seen
+        remaining = _remaining(deadline)
+        if found is not None or remaining <= 0:
+            return found
+        yield Nap(min(remaining, _RECHECK_SECONDS))
 
 
 def _remaining(deadline: float | None) -> float:

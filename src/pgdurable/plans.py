@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from collections.abc import Generator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -23,26 +23,10 @@ import psycopg
 from . import failures
 from .batcher import StepWrite
 from .context import ExecutionContext
+from .effects import Invoke, Pause
 from .errors import SerializationError
 
 Plan = Generator[Any, Any, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Invoke:
-    """Call the user's code (a step's body): called by the sync driver, awaited by the async one. What it
-    raises is thrown into the plan, which applies the step's retry policy."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """Wait this long (a retry's backoff) without holding anything."""
-
-    seconds: float
 
 
 def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:

@@ -16,8 +16,9 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from . import failures
 from .context import ExecutionContext, _in_step, current, utcnow
+from .effects import Invoke, Pause
 from .errors import LeaseLost, NonDeterminismError, SerializationError
-from .plans import Invoke, Pause, Plan, drive_async, drive_sync, record_step
+from .plans import Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
 
 P = ParamSpec("P")

@@ -1,0 +1,24 @@
+"""Effects that plans yield besides database statements (see plans.py and completions.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Invoke:
+    """Call the user's code (a step's body): called by the sync driver, awaited by the async one. What it
+    raises is thrown into the plan, which applies the step's retry policy."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait this long (a retry's backoff) without holding anything."""
+
+    seconds: float
