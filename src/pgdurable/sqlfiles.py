@@ -46,3 +46,15 @@ def queries() -> dict[str, LiteralString]:
 
 def query(name: str) -> LiteralString:
     return queries()[name]
+
+
+@cache
+def schema_sql() -> LiteralString:
+    """``sql/schema.sql``: the current schema in one script (documentation, checked against the migrations
+    by tests/test_schema_sql.py)."""
+    text: LiteralString = _read_schema()
+    return text
+
+
+def _read_schema() -> LiteralString:
+    return (resources.files("pgdurable") / "sql" / "schema.sql").read_text(encoding="utf-8")  # type: ignore[return-value]
