@@ -34,7 +34,7 @@ _CATALOG = [
        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
        LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
        LEFT JOIN pg_collation co ON co.oid = a.attcollation
-       WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'v', 'p')""",
+       WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'v', 'p', 'c')""",
     """SELECT 'constraint', cl.relname || '.' || c.conname, c.contype::text || ' ' || pg_get_constraintdef(c.oid)
        FROM pg_constraint c JOIN pg_class cl ON cl.oid = c.conrelid JOIN pg_namespace n ON n.oid = cl.relnamespace
        WHERE n.nspname = %(schema)s""",
@@ -45,7 +45,7 @@ _CATALOG = [
               c.relkind::text || ' options ' || coalesce(c.reloptions::text, '-') || ' acl ' || coalesce(c.relacl::text, '-')
               || ' persistence ' || c.relpersistence::text
        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-       WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'v', 'p', 'S', 'm')""",
+       WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'v', 'p', 'S', 'm', 'c')""",
     """SELECT 'sequence', c.relname,
               format('%%s start %%s increment %%s min %%s max %%s cache %%s cycle %%s', format_type(s.seqtypid, NULL),
                      s.seqstart, s.seqincrement, s.seqmin, s.seqmax, s.seqcache, s.seqcycle)
@@ -156,5 +156,5 @@ def test_channel_names_agree_with_the_sql(database_url: str, schema: str) -> Non
         for kind in channels.KINDS:
             row = conn.execute("SELECT notify_channel(%s)", (kind,)).fetchone()
             assert row is not None and row[0] == channels.channel(schema, kind)
-        with pytest.raises(psycopg.errors.RaiseException):
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT notify_channel('nope')")

@@ -333,6 +333,20 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 -- identical payloads within a transaction are folded into one. The channels are "<schema>_<kind>" (kinds:
 -- work, done, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
 
+-- The name of the channel of a kind, for this schema (Python: channels.channel(schema, kind)).
+CREATE FUNCTION notify_channel(kind text) RETURNS text
+LANGUAGE plpgsql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('work', 'done', 'stop', 'event', 'schedules') THEN
+        RAISE EXCEPTION 'notify_channel: unknown channel kind %', quote_nullable(kind) USING ERRCODE = '22023';
+    END IF;
+    RETURN current_schema() || '_' || kind;
+END;
+$$;
+
 -- An enqueue wakes the workers of its queue ("_work", payload the queue). Inserts notify once per statement
 -- and queue, so a bulk enqueue of thousands of rows sends one NOTIFY.
 CREATE FUNCTION notify_enqueued() RETURNS trigger
@@ -340,7 +354,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '_work', queue)
+    PERFORM pg_notify(notify_channel('work'), queue)
     FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued') AS queues;
     RETURN NULL;
 END;
@@ -355,11 +369,11 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     IF NEW.status = 'enqueued' THEN
-        PERFORM pg_notify(TG_TABLE_SCHEMA || '_work', NEW.queue);
+        PERFORM pg_notify(notify_channel('work'), NEW.queue);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
-        PERFORM pg_notify(TG_TABLE_SCHEMA || '_done', NEW.id);
+        PERFORM pg_notify(notify_channel('done'), NEW.id);
         IF OLD.status = 'running' AND (NEW.status = 'cancelled' OR NEW.error ->> 'type' = 'pgdurable.WorkflowTimeout') THEN
-            PERFORM pg_notify(TG_TABLE_SCHEMA || '_stop', NEW.id);
+            PERFORM pg_notify(notify_channel('stop'), NEW.id);
         END IF;
         IF NEW.parent_id IS NOT NULL AND OLD.status NOT IN ('succeeded', 'failed', 'cancelled') THEN
             UPDATE workflow_executions p
@@ -381,7 +395,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '_event', NEW.execution_id);
+    PERFORM pg_notify(notify_channel('event'), NEW.execution_id);
     RETURN NULL;
 END;
 $$;
@@ -393,7 +407,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '_schedules', '');
+    PERFORM pg_notify(notify_channel('schedules'), '');
     RETURN NULL;
 END;
 $$;
@@ -426,7 +440,99 @@ CREATE TRIGGER schedules_notify_update
 
 -- == The clock =========================================================================================
 
+-- The engine's time for timers, deadlines and schedules (and the time a claim returns, from which durable
+-- sleeps are computed): now(), unless pgdurable.fake_now is set (tests: SET pgdurable.fake_now =
+-- '2030-01-01 00:00+00' moves time without sleeping). Leases and heartbeats stay on now(). The one
+-- exception to rule 3: no SET clause, so that the planner inlines it (a claim compares every candidate
+-- row with it); its names are qualified instead.
+CREATE FUNCTION clock_now() RETURNS timestamptz
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT coalesce(nullif(pg_catalog.current_setting('pgdurable.fake_now', true), '')::pg_catalog.timestamptz,
+                    pg_catalog.now())
+$$;
+
 -- == Creating executions: the one insert path ==========================================================
+
+-- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
+-- enqueue_workflow) inserts through insert_executions_v1, so the values derived at creation are decided
+-- in one place.
+
+-- One execution to create, as insert_executions_v1 reads it from JSON (by field name; absent fields are
+-- NULL, then the function's defaults apply).
+CREATE TYPE execution_spec_v1 AS (
+    id              text,
+    name            text,
+    input           jsonb,
+    queue           text,
+    priority        integer,
+    max_recoveries  integer,
+    -- When it may start: start_at, else delay_seconds from now (clock_now()), else now.
+    start_at        timestamptz,
+    delay_seconds   double precision,
+    timeout_seconds double precision,
+    -- Inherited from a parent (the earlier of it and the execution's own timeout applies).
+    deadline        timestamptz,
+    dedup_key       text,
+    concurrency_key text,
+    trace_context   jsonb,
+    parent_id       text,
+    forked_from     text,
+    -- Given: the execution is created already claimed by this owner (App.start), attempt 1, with a lease
+    -- of lease_seconds, and app_version stamped.
+    owner_id        text,
+    lease_seconds   double precision,
+    app_version     text
+);
+
+CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    created integer;
+BEGIN
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
+                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
+                                          started_at, app_version, created_at, updated_at)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.delayed THEN 'delay' END,
+           s.timeout_seconds,
+           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
+                THEN least(coalesce(s.deadline, 'infinity'),
+                           s.now + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                ELSE s.deadline END,
+           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
+           s.owner_id,
+           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
+           CASE WHEN s.owned THEN 1 ELSE 0 END,
+           CASE WHEN s.owned THEN s.now END,
+           s.app_version, s.now, s.now
+    FROM (
+        SELECT p.*, t.now, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, t.now + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > t.now) AS delayed
+        FROM (SELECT clock_now() AS now) AS t,
+             ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
+                 WITH ORDINALITY AS p
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT DO NOTHING
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS created = ROW_COUNT;
+    IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+            USING ERRCODE = '23505', DETAIL = 'insert_executions_v1: an id given is taken';
+    END IF;
+END;
+$$;
 
 -- == The SQL API (any language, inside the caller's transaction) =======================================
 
@@ -458,7 +564,6 @@ DECLARE
     new_id text := coalesce(workflow_id, gen_random_uuid()::text);
     owner_name text;
     duplicate_id text;
-    starts timestamptz;
     ten_years constant interval := make_interval(secs => 315360000);
 BEGIN
     IF workflow_name IS NULL OR length(workflow_name) NOT BETWEEN 1 AND 200 THEN
@@ -489,7 +594,7 @@ BEGIN
     IF start_at IS NOT NULL AND delay IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue_workflow: give start_at or delay, not both' USING ERRCODE = '22023';
     END IF;
-    IF start_at IS NOT NULL AND NOT (start_at BETWEEN now() - ten_years AND now() + ten_years) THEN
+    IF start_at IS NOT NULL AND NOT (start_at BETWEEN clock_now() - ten_years AND clock_now() + ten_years) THEN
         RAISE EXCEPTION 'enqueue_workflow: start_at % is not a finite time within 10 years of now', start_at
             USING ERRCODE = '22023';
     END IF;
@@ -511,13 +616,11 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    starts := coalesce(start_at, now() + coalesce(delay, interval '0'));
-    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at,
-                                          status, wait_reason, timeout_seconds, dedup_key, concurrency_key)
-    VALUES (new_id, workflow_name, queue, priority, input, max_recoveries, starts,
-            CASE WHEN starts > now() THEN 'waiting' ELSE 'enqueued' END,
-            CASE WHEN starts > now() THEN 'delay' END, timeout_seconds, dedup_key, concurrency_key)
-    ON CONFLICT DO NOTHING;
+    PERFORM FROM insert_executions_v1(jsonb_build_array(jsonb_build_object(
+        'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
+        'max_recoveries', max_recoveries,
+        'start_at', coalesce(start_at, clock_now() + coalesce(delay, interval '0')),
+        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key)));
     IF NOT FOUND THEN
         SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
         IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
@@ -909,6 +1012,7 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        checkpoint_step(text, integer, integer, text, jsonb, jsonb, integer, timestamptz),
                        set_queue_policy(text, integer, integer, integer, double precision, integer),
                        claim_with_policy(text, text[], text, double precision, integer, text),
+                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
     FROM PUBLIC;
