@@ -442,12 +442,13 @@ CREATE TRIGGER schedules_notify_update
 
 -- The engine's time for timers, deadlines and schedules (and the time a claim returns, from which durable
 -- sleeps are computed): now(), unless pgdurable.fake_now is set (tests: SET pgdurable.fake_now =
--- '2030-01-01 00:00+00' moves time without sleeping). Leases and heartbeats stay on now(). The one
--- exception to rule 3: no SET clause, so that the planner inlines it (a claim compares every candidate
--- row with it); its names are qualified instead.
+-- '2030-01-01 00:00+00' moves time without sleeping). Leases and heartbeats stay on now(). Pinned like
+-- every function, so it is not inlined: a statement that compares many rows with it reads it once, as
+-- (SELECT clock_now()).
 CREATE FUNCTION clock_now() RETURNS timestamptz
 LANGUAGE sql
 STABLE
+SET search_path FROM CURRENT
 AS $$
     SELECT coalesce(nullif(pg_catalog.current_setting('pgdurable.fake_now', true), '')::pg_catalog.timestamptz,
                     pg_catalog.now())

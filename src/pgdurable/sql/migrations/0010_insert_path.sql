@@ -12,11 +12,12 @@
 -- Functions whose signature may change later carry a version in their name (rule in sql/schema.sql).
 
 -- == 3. The clock ==
--- Inlined by the planner (LANGUAGE sql, STABLE, one expression, no SET clause: names are qualified
--- instead), so a claim that compares every candidate row with it pays nothing for a function call.
+-- Pinned like every function (so not inlined): a statement that compares many rows with it reads it once,
+-- as (SELECT clock_now()).
 CREATE FUNCTION clock_now() RETURNS timestamptz
 LANGUAGE sql
 STABLE
+SET search_path FROM CURRENT
 AS $$
     SELECT coalesce(nullif(pg_catalog.current_setting('pgdurable.fake_now', true), '')::pg_catalog.timestamptz,
                     pg_catalog.now())

@@ -84,7 +84,7 @@ WITH picked AS (
     WHERE status = 'enqueued'
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
-      AND available_at <= clock_now()
+      AND available_at <= (SELECT clock_now())
       AND (app_version IS NULL OR app_version = %(version)s)
     ORDER BY priority, seq
     LIMIT %(limit)s
@@ -101,7 +101,7 @@ SET status = 'running',
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                     -- clamped (the table's CHECK holds it there too): no row can make the claim raise
                     THEN least(coalesce(e.deadline, 'infinity'),
-                               clock_now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                               (SELECT clock_now()) + make_interval(secs => least(e.timeout_seconds, 315360000)))
                     ELSE e.deadline END
 FROM picked
 WHERE e.id = picked.id

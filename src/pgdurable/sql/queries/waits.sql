@@ -22,39 +22,40 @@ RETURNING id;
 -- worker's timer run without waiting on the others.
 WITH due AS (
     SELECT id FROM workflow_executions
-    WHERE status = 'waiting' AND available_at <= clock_now()
+    WHERE status = 'waiting' AND available_at <= (SELECT clock_now())
     ORDER BY available_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 ), woken AS (
     UPDATE workflow_executions e
-    SET status = 'enqueued', wait_reason = NULL, updated_at = clock_now()
+    SET status = 'enqueued', wait_reason = NULL, updated_at = (SELECT clock_now())
     FROM due
     WHERE e.id = due.id AND e.status = 'waiting'
     RETURNING e.id
 )
 SELECT (SELECT count(*) FROM woken),
-       (SELECT min(available_at) FROM workflow_executions WHERE status = 'waiting' AND available_at > clock_now()),
-       clock_now();
+       (SELECT min(available_at) FROM workflow_executions
+        WHERE status = 'waiting' AND available_at > (SELECT clock_now())),
+       (SELECT clock_now());
 
 -- name: expire_deadlines
 -- Fail unfinished executions past their deadline (their children have inherited it and fail alike). A
 -- running one's owner is notified and stops; its writes are refused from now on.
 WITH late AS (
     SELECT id FROM workflow_executions
-    WHERE deadline < clock_now() AND status IN ('enqueued', 'waiting', 'running')
+    WHERE deadline < (SELECT clock_now()) AND status IN ('enqueued', 'waiting', 'running')
     ORDER BY deadline
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_executions e
-SET status = 'failed', owner_id = NULL, lease_expires = NULL, wait_reason = NULL, completed_at = clock_now(),
-    updated_at = clock_now(),
+SET status = 'failed', owner_id = NULL, lease_expires = NULL, wait_reason = NULL,
+    completed_at = (SELECT clock_now()), updated_at = (SELECT clock_now()),
     error = jsonb_build_object(
         'type', 'pgdurable.WorkflowTimeout',
         'message', format('deadline %%s passed (timeout %%s s)', e.deadline, e.timeout_seconds))
 FROM late
-WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < clock_now()
+WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < (SELECT clock_now())
 RETURNING e.id;
 
 -- name: receive
