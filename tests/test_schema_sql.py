@@ -42,8 +42,8 @@ _CATALOG = [
        FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_namespace n ON n.oid = i.relnamespace
        WHERE n.nspname = %(schema)s""",
     """SELECT 'relation', c.relname,
-              c.relkind::text || ' options ' || coalesce(c.reloptions::text, '-') || ' acl ' || coalesce(c.relacl::text, '-')
-              || ' persistence ' || c.relpersistence::text
+              c.relkind::text || ' options ' || coalesce(c.reloptions::text, '-')
+              || ' acl ' || coalesce(c.relacl::text, '-') || ' persistence ' || c.relpersistence::text
        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'v', 'p', 'S', 'm', 'c')""",
     """SELECT 'sequence', c.relname,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from psycopg import sql
+
 Kind = Literal["work", "done", "stop", "event", "schedules"]
 
 # work: an execution became enqueued (payload: its queue); done: one finished (payload: its id); stop: a
@@ -21,3 +23,8 @@ def channel(schema: str, kind: Kind) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown channel kind {kind!r}")
     return f"{schema}_{kind}"
+
+
+def listen(schema: str, *kinds: Kind) -> sql.Composed:
+    """``LISTEN`` on the channels of these kinds, as one statement."""
+    return sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema, kind))) for kind in kinds)

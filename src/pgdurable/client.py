@@ -12,9 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
-from psycopg import sql
 
-from . import store
+from . import channels, store
 from .context import current
 from .errors import ResultTimeout, WorkflowCancelled, WorkflowFailed, WorkflowNotFound, WorkflowTimeout
 
@@ -72,12 +71,12 @@ class CompletionListener:
             callback()
 
     def _loop(self) -> None:
-        done, events = f"{self._app.db.schema}_done", f"{self._app.db.schema}_event"
+        schema = self._app.db.schema
+        done = channels.channel(schema, "done")
         while not self._stopped.is_set():
             try:
                 with self._app.db.connect() as conn:
-                    conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(done),
-                                                                        sql.Identifier(events)))
+                    conn.execute(channels.listen(schema, "done", "event"))
                     self._listening.set()
                     self._wake_all()  # anything may have finished while we were not listening
                     while not self._stopped.is_set():

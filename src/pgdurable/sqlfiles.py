@@ -10,8 +10,10 @@ from typing import LiteralString
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 
-def _read(folder: str, filename: str) -> str:
-    return (resources.files("pgdurable") / "sql" / folder / filename).read_text(encoding="utf-8")
+def _read(folder: str, filename: str) -> LiteralString:
+    # The package's own files: as trusted as the literals in this module.
+    path = resources.files("pgdurable") / "sql"
+    return (path / folder / filename if folder else path / filename).read_text(encoding="utf-8")
 
 
 @cache
@@ -52,9 +54,4 @@ def query(name: str) -> LiteralString:
 def schema_sql() -> LiteralString:
     """``sql/schema.sql``: the current schema in one script (documentation, checked against the migrations
     by tests/test_schema_sql.py)."""
-    text: LiteralString = _read_schema()
-    return text
-
-
-def _read_schema() -> LiteralString:
-    return (resources.files("pgdurable") / "sql" / "schema.sql").read_text(encoding="utf-8")  # type: ignore[return-value]
+    return _read("", "schema.sql")
