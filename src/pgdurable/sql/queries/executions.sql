@@ -24,7 +24,7 @@ UNION ALL
  LIMIT 1);
 
 -- name: find_duplicate
-SELECT id, name, false FROM workflow_executions
+SELECT id, name, false AS created FROM workflow_executions
 WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s AND status IN ('enqueued', 'waiting', 'running');
 
 -- name: enqueue_in_transaction
@@ -105,7 +105,8 @@ SET status = 'running',
                     ELSE e.deadline END
 FROM picked
 WHERE e.id = picked.id
-RETURNING e.id, e.name, e.attempt, e.input, clock_now(), e.attempt > 1 OR e.forked_from IS NOT NULL;
+RETURNING e.id, e.name, e.attempt, e.input, clock_now() AS db_now,
+          e.attempt > 1 OR e.forked_from IS NOT NULL AS has_history;
 
 -- name: claim_with_policy
 -- The claim of a queue with a policy (concurrency, rate or per-key limits): see the SQL function.
