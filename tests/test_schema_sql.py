@@ -6,6 +6,7 @@ storage options, privileges)."""
 from __future__ import annotations
 
 import difflib
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from psycopg import sql
 
 from pgdurable import channels
 from pgdurable.migrations import migrate
-from pgdurable.sqlfiles import schema_sql
+from pgdurable.sqlfiles import queries, schema_sql
 
 # Each query returns (kind, name, description) rows for one schema, given as %(schema)s.
 _CATALOG = [
@@ -158,3 +159,15 @@ def test_channel_names_agree_with_the_sql(database_url: str, schema: str) -> Non
             assert row is not None and row[0] == channels.channel(schema, kind)
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT notify_channel('nope')")
+
+
+def test_executions_are_created_only_through_the_insert_function() -> None:
+    """One insert path: no named query inserts into workflow_executions itself (they call
+    insert_executions_v1, as enqueue_workflow does), so defaults and limits cannot diverge."""
+    offenders = [name for name, text in queries().items()
+                 if re.search(r"INSERT\s+INTO\s+workflow_executions\b", text, re.IGNORECASE)]
+    assert offenders == []
+    creators = [name for name, text in queries().items() if "insert_executions_v1" in text]
+    assert sorted(creators) == ["enqueue", "enqueue_child", "enqueue_many", "enqueue_ticks", "fork", "start_owned"]
+    body = schema_sql().split("CREATE FUNCTION enqueue_workflow(", 1)[1].split("\n$$;", 1)[0]
+    assert "insert_executions_v1" in body and "INSERT INTO" not in body
