@@ -252,15 +252,17 @@ class App:
             limits.workflow_id(workflow_id)
         calls = []
         for i in range(0, len(ids), _BULK_CHUNK):
-            chunk = list(zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True))
+            chunk: list[dict[str, Any]] = [
+                {"id": workflow_id, "input": arguments_of_one} for workflow_id, arguments_of_one
+                in zip(ids[i:i + _BULK_CHUNK], bound[i:i + _BULK_CHUNK], strict=True)]
             try:
                 rows = self.serializer.inner.dumps(chunk)  # one encoder call for the whole chunk
                 suspect = utf8_size(rows) > self.serializer.max_bytes or storage_problem(rows) is not None
             except SerializationError:
                 rows, suspect = "", True
             if suspect:
-                for _, arguments_of_one in chunk:  # name the argument that cannot be stored, or is too big
-                    self._encode_bound(definition, arguments_of_one)
+                for row in chunk:  # name the argument that cannot be stored, or is too big
+                    self._encode_bound(definition, row["input"])
                 if not rows:
                     raise SerializationError(f"arguments of workflow {definition.name!r} cannot be stored")
             calls.append(store.enqueue_many(

@@ -211,7 +211,7 @@ def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
                  delay: float, timeout: float | None = None, trace: str | None = None) -> Call[set[str]]:
-    """``rows``: a JSON array of [id, input] pairs."""
+    """``rows``: a JSON array of {"id": ..., "input": ...} objects (the rows of insert_executions_v1)."""
     return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
                                  "trace": trace},

@@ -35,13 +35,13 @@ SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, 
                                  %(dedup_key)s, %(concurrency_key)s);
 
 -- name: enqueue_many
--- Bulk enqueue of one workflow: %(rows)s is one JSON array of [id, input] pairs (one parameter, parsed by
--- the server, is far cheaper than two long arrays); the options all rows share go once, in "common".
--- Existing ids are left alone (idempotent); the ids returned are the ones this statement created.
+-- Bulk enqueue of one workflow: %(rows)s is one JSON array of {"id": ..., "input": ...} objects, passed as
+-- is to insert_executions_v1 (one parameter, parsed by the server, is far cheaper than two long arrays);
+-- the options all rows share go once, in its "common" object. Existing ids are left alone (idempotent);
+-- the ids returned are the ones this statement created.
 SELECT i.id
 FROM insert_executions_v1(
-    (SELECT coalesce(jsonb_agg(jsonb_build_object('id', r.pair -> 0, 'input', r.pair -> 1) ORDER BY r.n), '[]')
-     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (pair, n)),
+    %(rows)s::jsonb,
     jsonb_build_object('name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
                        'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
                        'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb)) AS i;
