@@ -443,8 +443,8 @@ CREATE TRIGGER schedules_notify_update
 -- The engine's time for timers, deadlines and schedules (and the time a claim returns, from which durable
 -- sleeps are computed): now(), unless pgdurable.fake_now is set (tests: SET pgdurable.fake_now =
 -- '2030-01-01 00:00+00' moves time without sleeping). Leases and heartbeats stay on now(). Pinned like
--- every function, so it is not inlined: a statement that compares many rows with it reads it once, as
--- (SELECT clock_now()).
+-- every function, so it is not inlined: a call costs a few microseconds (the search_path switch), and a
+-- statement that compares many rows with it reads it once (a MATERIALIZED CTE "clock", a variable).
 CREATE FUNCTION clock_now() RETURNS timestamptz
 LANGUAGE sql
 STABLE
@@ -494,6 +494,8 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- Read once: clock_now() is a (pinned, so not inlined) function call.
+    at timestamptz := clock_now();
     created integer;
 BEGIN
     RETURN QUERY
@@ -508,20 +510,19 @@ BEGIN
            s.timeout_seconds,
            CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
                 THEN least(coalesce(s.deadline, 'infinity'),
-                           s.now + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
                 ELSE s.deadline END,
            s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
            s.owner_id,
            CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
            CASE WHEN s.owned THEN 1 ELSE 0 END,
-           CASE WHEN s.owned THEN s.now END,
-           s.app_version, s.now, s.now
+           CASE WHEN s.owned THEN at END,
+           s.app_version, at, at
     FROM (
-        SELECT p.*, t.now, p.owner_id IS NOT NULL AS owned,
-               coalesce(p.start_at, t.now + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
-               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > t.now) AS delayed
-        FROM (SELECT clock_now() AS now) AS t,
-             ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
+        SELECT p.*, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
                  WITH ORDINALITY AS p
         ORDER BY p.ordinality
     ) AS s

@@ -12,8 +12,8 @@
 -- Functions whose signature may change later carry a version in their name (rule in sql/schema.sql).
 
 -- == 3. The clock ==
--- Pinned like every function (so not inlined): a statement that compares many rows with it reads it once,
--- as (SELECT clock_now()).
+-- Pinned like every function, so not inlined: a call costs a few microseconds (the search_path switch),
+-- and a statement that compares many rows with it reads it once (a MATERIALIZED CTE, a variable).
 CREATE FUNCTION clock_now() RETURNS timestamptz
 LANGUAGE sql
 STABLE
@@ -139,6 +139,8 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- Read once: clock_now() is a (pinned, so not inlined) function call.
+    at timestamptz := clock_now();
     created integer;
 BEGIN
     RETURN QUERY
@@ -153,20 +155,19 @@ BEGIN
            s.timeout_seconds,
            CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
                 THEN least(coalesce(s.deadline, 'infinity'),
-                           s.now + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
                 ELSE s.deadline END,
            s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
            s.owner_id,
            CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
            CASE WHEN s.owned THEN 1 ELSE 0 END,
-           CASE WHEN s.owned THEN s.now END,
-           s.app_version, s.now, s.now
+           CASE WHEN s.owned THEN at END,
+           s.app_version, at, at
     FROM (
-        SELECT p.*, t.now, p.owner_id IS NOT NULL AS owned,
-               coalesce(p.start_at, t.now + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
-               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > t.now) AS delayed
-        FROM (SELECT clock_now() AS now) AS t,
-             ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
+        SELECT p.*, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
                  WITH ORDINALITY AS p
         ORDER BY p.ordinality
     ) AS s

@@ -77,14 +77,16 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- SKIP LOCKED lets concurrent workers claim different rows. An execution started by another application
 -- version is left to workers of that version; the first claim stamps ours, and fixes the deadline of an
 -- execution with a timeout. Availability, deadlines and the time returned (the start of durable timers)
--- are on clock_now(), which tests can move.
-WITH picked AS (
+-- are on clock_now(), which tests can move (read once, in the CTE clock).
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), picked AS (
     SELECT id
     FROM workflow_executions
     WHERE status = 'enqueued'
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
-      AND available_at <= (SELECT clock_now())
+      AND available_at <= (SELECT now FROM clock)
       AND (app_version IS NULL OR app_version = %(version)s)
     ORDER BY priority, seq
     LIMIT %(limit)s
@@ -101,11 +103,11 @@ SET status = 'running',
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                     -- clamped (the table's CHECK holds it there too): no row can make the claim raise
                     THEN least(coalesce(e.deadline, 'infinity'),
-                               (SELECT clock_now()) + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                               clock.now + make_interval(secs => least(e.timeout_seconds, 315360000)))
                     ELSE e.deadline END
-FROM picked
+FROM picked, clock
 WHERE e.id = picked.id
-RETURNING e.id, e.name, e.attempt, e.input, clock_now() AS db_now,
+RETURNING e.id, e.name, e.attempt, e.input, clock.now AS db_now,
           e.attempt > 1 OR e.forked_from IS NOT NULL AS has_history;
 
 -- name: claim_with_policy

@@ -89,12 +89,15 @@ LIMIT 1;
 -- name: lock_due_schedules
 -- The due schedules, locked for this firing transaction. SKIP LOCKED: a schedule another worker is firing
 -- right now is left to it (and once that commits, its next_fire_at is no longer due).
-SELECT clock_now(), name, cron, timezone, catch_up, next_fire_at
-FROM schedules
-WHERE NOT paused AND (next_fire_at IS NULL OR next_fire_at <= clock_now())
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+)
+SELECT clock.now, name, cron, timezone, catch_up, next_fire_at
+FROM schedules, clock
+WHERE NOT paused AND (next_fire_at IS NULL OR next_fire_at <= clock.now)
 ORDER BY next_fire_at NULLS FIRST
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF schedules SKIP LOCKED;
 
 -- name: enqueue_ticks
 -- One execution per tick, from one JSON array of [execution_id, schedule_name, tick]. The id is

@@ -20,42 +20,46 @@ RETURNING id;
 -- The timer: enqueue waiting executions whose time has come (their NOTIFY wakes the workers), and say
 -- when the next one is due, on clock_now() (now(), unless a test moves it). SKIP LOCKED lets every
 -- worker's timer run without waiting on the others.
-WITH due AS (
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), due AS (
     SELECT id FROM workflow_executions
-    WHERE status = 'waiting' AND available_at <= (SELECT clock_now())
+    WHERE status = 'waiting' AND available_at <= (SELECT now FROM clock)
     ORDER BY available_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 ), woken AS (
     UPDATE workflow_executions e
-    SET status = 'enqueued', wait_reason = NULL, updated_at = (SELECT clock_now())
+    SET status = 'enqueued', wait_reason = NULL, updated_at = (SELECT now FROM clock)
     FROM due
     WHERE e.id = due.id AND e.status = 'waiting'
     RETURNING e.id
 )
 SELECT (SELECT count(*) FROM woken),
        (SELECT min(available_at) FROM workflow_executions
-        WHERE status = 'waiting' AND available_at > (SELECT clock_now())),
-       (SELECT clock_now());
+        WHERE status = 'waiting' AND available_at > (SELECT now FROM clock)),
+       (SELECT now FROM clock);
 
 -- name: expire_deadlines
 -- Fail unfinished executions past their deadline (their children have inherited it and fail alike). A
 -- running one's owner is notified and stops; its writes are refused from now on.
-WITH late AS (
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), late AS (
     SELECT id FROM workflow_executions
-    WHERE deadline < (SELECT clock_now()) AND status IN ('enqueued', 'waiting', 'running')
+    WHERE deadline < (SELECT now FROM clock) AND status IN ('enqueued', 'waiting', 'running')
     ORDER BY deadline
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_executions e
 SET status = 'failed', owner_id = NULL, lease_expires = NULL, wait_reason = NULL,
-    completed_at = (SELECT clock_now()), updated_at = (SELECT clock_now()),
+    completed_at = clock.now, updated_at = clock.now,
     error = jsonb_build_object(
         'type', 'pgdurable.WorkflowTimeout',
         'message', format('deadline %%s passed (timeout %%s s)', e.deadline, e.timeout_seconds))
-FROM late
-WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < (SELECT clock_now())
+FROM late, clock
+WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < clock.now
 RETURNING e.id;
 
 -- name: receive
