@@ -12,8 +12,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from psycopg import sql
-
+from . import channels
 from .db import Database
 from .effects import Pause
 
@@ -63,12 +62,12 @@ class CompletionListener:
             callback()
 
     def _loop(self) -> None:
-        done, events = f"{self._db.schema}_done", f"{self._db.schema}_event"
+        schema = self._db.schema
+        done = channels.channel(schema, "done")
         while not self._stopped.is_set():
             try:
                 with self._db.connect() as conn:
-                    conn.execute(sql.SQL("LISTEN {}; LISTEN {}").format(sql.Identifier(done),
-                                                                        sql.Identifier(events)))
+                    conn.execute(channels.listen(schema, "done", "event"))
                     self._listening.set()
                     self._wake_all()  # anything may have finished while we were not listening
                     while not self._stopped.is_set():

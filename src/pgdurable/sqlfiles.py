@@ -10,8 +10,10 @@ from typing import LiteralString
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 
-def _read(folder: str, filename: str) -> str:
-    return (resources.files("pgdurable") / "sql" / folder / filename).read_text(encoding="utf-8")
+def _read(folder: str, filename: str) -> LiteralString:
+    # The package's own files: as trusted as the literals in this module.
+    path = resources.files("pgdurable") / "sql"
+    return (path / folder / filename if folder else path / filename).read_text(encoding="utf-8")
 
 
 @cache
@@ -46,3 +48,10 @@ def queries() -> dict[str, LiteralString]:
 
 def query(name: str) -> LiteralString:
     return queries()[name]
+
+
+@cache
+def schema_sql() -> LiteralString:
+    """``sql/schema.sql``: the current schema in one script (documentation, checked against the migrations
+    by tests/test_schema_sql.py)."""
+    return _read("", "schema.sql")

@@ -2,6 +2,10 @@
 
 Building a ``Call`` does no I/O, so one definition serves both the sync and the async driver; ``run`` and
 ``arun`` are the only two places that execute them.
+
+Rows that become objects are mapped by column name (``row_factory``: psycopg's ``class_row`` or
+``dict_row``), never by position: a column added to or moved in a query either lands in the field of its
+name or fails loudly (an unknown field), instead of silently shifting the fields after it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import BaseRowFactory, class_row, dict_row
 
 from .sqlfiles import query
 
@@ -25,9 +30,12 @@ Rows = list[tuple[Any, ...]]
 class Call(Generic[T]):
     name: str
     params: Mapping[str, Any]
-    read: Callable[[Rows], T]
+    # Reads the fetched rows: tuples, or what row_factory makes of each row.
+    read: Callable[[list[Any]], T]
     # For a connection that is not pgdurable's own: the query's {schema} is replaced by this identifier.
     schema: str | None = None
+    # How to build each row, by column name (psycopg.rows.class_row / dict_row); None: plain tuples.
+    row_factory: BaseRowFactory[Any] | None = None
 
 
 def _statement(call: Call[Any]) -> Any:
@@ -37,13 +45,21 @@ def _statement(call: Call[Any]) -> Any:
 
 
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
-    cur = conn.execute(_statement(call), call.params)
-    return call.read(cur.fetchall() if cur.description else [])
+    if call.row_factory is None:
+        cur = conn.execute(_statement(call), call.params)
+        return call.read(cur.fetchall() if cur.description else [])
+    with conn.cursor(row_factory=call.row_factory) as named:
+        named.execute(_statement(call), call.params)
+        return call.read(named.fetchall() if named.description else [])
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
-    cur = await conn.execute(_statement(call), call.params)
-    return call.read(await cur.fetchall() if cur.description else [])
+    if call.row_factory is None:
+        cur = await conn.execute(_statement(call), call.params)
+        return call.read(await cur.fetchall() if cur.description else [])
+    async with conn.cursor(row_factory=call.row_factory) as named:
+        await named.execute(_statement(call), call.params)
+        return call.read(await named.fetchall() if named.description else [])
 
 
 # ---- rows -------------------------------------------------------------------------------------------------
@@ -139,30 +155,19 @@ def _first_column(rows: Rows) -> list[Any]:
     return [row[0] for row in rows]
 
 
-def _one_execution(rows: Rows) -> Execution | None:
-    return Execution(*rows[0]) if rows else None
+def _first(rows: list[T]) -> T | None:
+    return rows[0] if rows else None
 
 
-def _executions(rows: Rows) -> list[Execution]:
-    return [Execution(*row) for row in rows]
+def _all(rows: list[T]) -> list[T]:
+    return rows
 
 
-def _steps(rows: Rows) -> list[Step]:
-    return [Step(*row) for row in rows]
-
-
-def _claimed(rows: Rows) -> list[Claimed]:
-    return [Claimed(*row) for row in rows]
-
-
-def _enqueued(rows: Rows) -> Enqueued | None:
-    return Enqueued(*rows[0][:3]) if rows else None
-
-
-def _recorded_steps(rows: Rows) -> dict[str, dict[int, RecordedStep]]:
+def _recorded_steps(rows: list[dict[str, Any]]) -> dict[str, dict[int, RecordedStep]]:
     found: dict[str, dict[int, RecordedStep]] = {}
-    for execution_id, step_id, step_name, output, error in rows:
-        found.setdefault(execution_id, {})[step_id] = RecordedStep(step_name, output, error)
+    for row in rows:
+        found.setdefault(row["execution_id"], {})[row["step_id"]] = RecordedStep(
+            row["step_name"], row["output"], row["error"])
     return found
 
 
@@ -191,11 +196,12 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                             "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
                             "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace},
-                _enqueued)
+                _first, row_factory=class_row(Enqueued))
 
 
 def find_duplicate(*, queue: str, dedup_key: str) -> Call[Enqueued | None]:
-    return Call("find_duplicate", {"queue": queue, "dedup_key": dedup_key}, _enqueued)
+    return Call("find_duplicate", {"queue": queue, "dedup_key": dedup_key}, _first,
+                row_factory=class_row(Enqueued))
 
 
 def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str]:
@@ -205,7 +211,7 @@ def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
                  delay: float, timeout: float | None = None, trace: str | None = None) -> Call[set[str]]:
-    """``rows``: a JSON array of [id, input] pairs."""
+    """``rows``: a JSON array of {"id": ..., "input": ...} objects (the rows of insert_executions_v1)."""
     return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
                                  "trace": trace},
@@ -228,13 +234,13 @@ def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, ma
 def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
           version: str) -> Call[list[Claimed]]:
     return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
-                          "version": version}, _claimed)
+                          "version": version}, _all, row_factory=class_row(Claimed))
 
 
 def claim_with_policy(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
                       version: str) -> Call[list[Claimed]]:
     return Call("claim_with_policy", {"queue": queue, "names": names, "owner": owner, "lease": lease,
-                                      "limit": limit, "version": version}, _claimed)
+                                      "limit": limit, "version": version}, _all, row_factory=class_row(Claimed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +261,8 @@ class QueuePolicy:
 
 
 def queue_policies(names: list[str] | None) -> Call[dict[str, QueuePolicy]]:
-    return Call("queue_policies", {"names": names}, lambda rows: {row[0]: QueuePolicy(*row) for row in rows})
+    return Call("queue_policies", {"names": names}, lambda rows: {row.name: row for row in rows},
+                row_factory=class_row(QueuePolicy))
 
 
 def set_queue_policy(policy: QueuePolicy) -> Call[None]:
@@ -267,7 +274,7 @@ def set_queue_policy(policy: QueuePolicy) -> Call[None]:
 
 
 def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
-    return Call("load_steps", {"ids": ids}, _recorded_steps)
+    return Call("load_steps", {"ids": ids}, _recorded_steps, row_factory=dict_row)
 
 
 def write_steps(rows: str) -> Call[set[WriteKey]]:
@@ -297,7 +304,7 @@ def fail_unrunnable(grace: float) -> Call[list[tuple[Any, ...]]]:
 
 
 def get_execution(id: str) -> Call[Execution | None]:
-    return Call("get_execution", {"id": id}, _one_execution)
+    return Call("get_execution", {"id": id}, _first, row_factory=class_row(Execution))
 
 
 def get_status(id: str) -> Call[tuple[Any, ...] | None]:
@@ -307,11 +314,11 @@ def get_status(id: str) -> Call[tuple[Any, ...] | None]:
 def list_executions(*, status: str | None, name: str | None, queue: str | None,
                     limit: int) -> Call[list[Execution]]:
     return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},
-                _executions)
+                _all, row_factory=class_row(Execution))
 
 
 def list_steps(id: str) -> Call[list[Step]]:
-    return Call("list_steps", {"id": id}, _steps)
+    return Call("list_steps", {"id": id}, _all, row_factory=class_row(Step))
 
 
 def cancel(id: str) -> Call[bool]:
@@ -425,7 +432,7 @@ def send_message_in_transaction(call: Call[bool], schema: str) -> Call[bool]:
 
 
 def list_messages(id: str) -> Call[list[Message]]:
-    return Call("list_messages", {"id": id}, lambda rows: [Message(*row) for row in rows])
+    return Call("list_messages", {"id": id}, _all, row_factory=class_row(Message))
 
 
 def set_event(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime, key: str,
@@ -440,7 +447,7 @@ def get_event(*, id: str, key: str) -> Call[str | None]:
 
 
 def list_events(id: str) -> Call[list[Event]]:
-    return Call("list_events", {"id": id}, lambda rows: [Event(*row) for row in rows])
+    return Call("list_events", {"id": id}, _all, row_factory=class_row(Event))
 
 
 def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg import sql
 
-from . import failures, retention, store
+from . import channels, failures, retention, store
 from .batcher import Completion, WriteBatcher
 from .context import ExecutionContext
 from .errors import LeaseLost, SerializationError
@@ -517,16 +516,14 @@ class Worker:
                      deleted.executions, deleted.steps)
 
     async def _listen_loop(self) -> None:
-        work = f"{self.app.db.schema}_work"
-        stop = f"{self.app.db.schema}_stop"
-        schedules_channel = f"{self.app.db.schema}_schedules"
+        schema = self.app.db.schema
+        work, schedules_channel = channels.channel(schema, "work"), channels.channel(schema, "schedules")
         queues = set(self.queues)
         while True:
             try:
                 conn = await self.app.db.aconnect()
                 async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}; LISTEN {}; LISTEN {}").format(
-                        sql.Identifier(work), sql.Identifier(stop), sql.Identifier(schedules_channel)))
+                    await conn.execute(channels.listen(schema, "work", "stop", "schedules"))
                     self._wake.set()  # catch up on whatever was enqueued while not listening
                     if self._scheduler is not None:
                         self._scheduler.wake()

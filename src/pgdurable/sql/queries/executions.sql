@@ -4,17 +4,14 @@
 -- name: enqueue
 -- Idempotent by id: a second enqueue with the same id returns the existing row (created = false). With a
 -- dedup key that an unfinished execution of the queue holds, returns that one (another id).
--- A delayed start waits in 'waiting' (out of the claim index) until the timer enqueues it.
+-- The insert (and what a delay means) is insert_executions_v1's, like every way of creating executions.
 WITH inserted AS (
-    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                     wait_reason, timeout_seconds, dedup_key, concurrency_key, trace_context)
-    VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
-            now() + make_interval(secs => %(delay)s),
-            CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-            CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, %(dedup_key)s, %(concurrency_key)s,
-            %(trace)s::jsonb)
-    ON CONFLICT DO NOTHING
-    RETURNING id, name, true AS created
+    SELECT i.id, i.name, true AS created
+    FROM insert_executions_v1(jsonb_build_array(jsonb_build_object(
+        'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
+        'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
+        'timeout_seconds', %(timeout)s::float8, 'dedup_key', %(dedup_key)s::text,
+        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb))) AS i
 )
 SELECT id, name, created FROM inserted
 UNION ALL
@@ -27,7 +24,7 @@ UNION ALL
  LIMIT 1);
 
 -- name: find_duplicate
-SELECT id, name, false FROM workflow_executions
+SELECT id, name, false AS created FROM workflow_executions
 WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s AND status IN ('enqueued', 'waiting', 'running');
 
 -- name: enqueue_in_transaction
@@ -38,18 +35,16 @@ SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, 
                                  %(dedup_key)s, %(concurrency_key)s);
 
 -- name: enqueue_many
--- Bulk enqueue of one workflow: %(rows)s is one JSON array of [id, input] pairs (one parameter, parsed by
--- the server, is far cheaper than two long arrays). Existing ids are left alone (idempotent); the ids
--- returned are the ones this statement created.
-INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                 wait_reason, timeout_seconds, trace_context)
-SELECT r.pair ->> 0, %(name)s, %(queue)s, %(priority)s, r.pair -> 1, %(max_recoveries)s,
-       now() + make_interval(secs => %(delay)s), CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-       CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, %(trace)s::jsonb
-FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (pair, n)
-ORDER BY r.n
-ON CONFLICT (id) DO NOTHING
-RETURNING id;
+-- Bulk enqueue of one workflow: %(rows)s is one JSON array of {"id": ..., "input": ...} objects, passed as
+-- is to insert_executions_v1 (one parameter, parsed by the server, is far cheaper than two long arrays);
+-- the options all rows share go once, in its "common" object. Existing ids are left alone (idempotent);
+-- the ids returned are the ones this statement created.
+SELECT i.id
+FROM insert_executions_v1(
+    %(rows)s::jsonb,
+    jsonb_build_object('name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
+                       'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
+                       'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb)) AS i;
 
 -- name: names_of
 SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
@@ -61,25 +56,18 @@ SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
 WITH limited AS (
     SELECT EXISTS (SELECT 1 FROM queues WHERE name = %(queue)s) AS yes
 ), inserted AS (
-    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, status, owner_id,
-                                     lease_expires, attempt, started_at, timeout_seconds, deadline, app_version,
-                                     trace_context)
-    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
-           CASE WHEN limited.yes THEN 'enqueued' ELSE 'running' END,
-           CASE WHEN limited.yes THEN NULL ELSE %(owner)s END,
-           CASE WHEN limited.yes THEN NULL ELSE now() + make_interval(secs => %(lease)s) END,
-           CASE WHEN limited.yes THEN 0 ELSE 1 END,
-           CASE WHEN limited.yes THEN NULL ELSE now() END,
-           %(timeout)s,
-           CASE WHEN limited.yes THEN NULL ELSE now() + make_interval(secs => %(timeout)s) END,
-           CASE WHEN limited.yes THEN NULL ELSE %(version)s END, %(trace)s::jsonb
-    FROM limited
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id, name, true AS created, attempt, input, now() AS db_now, status = 'running' AS owned
+    SELECT i.id, i.name, i.attempt, i.input, i.status = 'running' AS owned
+    FROM limited, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
+        'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
+        'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int,
+        'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb,
+        'owner_id', CASE WHEN limited.yes THEN NULL ELSE %(owner)s::text END,
+        'lease_seconds', %(lease)s::float8,
+        'app_version', CASE WHEN limited.yes THEN NULL ELSE %(version)s::text END))) AS i
 )
-SELECT id, name, created, attempt, input, db_now, owned FROM inserted
+SELECT id, name, true, attempt, input, clock_now() AS db_now, owned FROM inserted
 UNION ALL
-SELECT id, name, false, attempt, input, now(), false FROM workflow_executions
+SELECT id, name, false, attempt, input, clock_now(), false FROM workflow_executions
 WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 
 -- name: claim
@@ -88,14 +76,17 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- workflow_executions_claim_idx in order and stop after LIMIT rows, however long the backlog is.
 -- SKIP LOCKED lets concurrent workers claim different rows. An execution started by another application
 -- version is left to workers of that version; the first claim stamps ours, and fixes the deadline of an
--- execution with a timeout.
-WITH picked AS (
+-- execution with a timeout. Availability, deadlines and the time returned (the start of durable timers)
+-- are on clock_now(), which tests can move (read once, in the CTE clock).
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), picked AS (
     SELECT id
     FROM workflow_executions
     WHERE status = 'enqueued'
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
-      AND available_at <= now()
+      AND available_at <= (SELECT now FROM clock)
       AND (app_version IS NULL OR app_version = %(version)s)
     ORDER BY priority, seq
     LIMIT %(limit)s
@@ -112,11 +103,12 @@ SET status = 'running',
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                     -- clamped (the table's CHECK holds it there too): no row can make the claim raise
                     THEN least(coalesce(e.deadline, 'infinity'),
-                               now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                               clock.now + make_interval(secs => least(e.timeout_seconds, 315360000)))
                     ELSE e.deadline END
-FROM picked
+FROM picked, clock
 WHERE e.id = picked.id
-RETURNING e.id, e.name, e.attempt, e.input, now(), e.attempt > 1 OR e.forked_from IS NOT NULL;
+RETURNING e.id, e.name, e.attempt, e.input, clock.now AS db_now,
+          e.attempt > 1 OR e.forked_from IS NOT NULL AS has_history;
 
 -- name: claim_with_policy
 -- The claim of a queue with a policy (concurrency, rate or per-key limits): see the SQL function.

@@ -1,7 +1,8 @@
 -- Named queries on cron schedules (migration 0004). The connection's search_path is the pgdurable schema.
+-- The firing path reads the time as clock_now() (now(), unless a test moves it with pgdurable.fake_now).
 
 -- name: database_now
-SELECT now();
+SELECT clock_now();
 
 -- name: upsert_schedule
 -- Create or redefine a schedule. next_fire_at (the first tick after now, computed by the caller from the
@@ -58,7 +59,7 @@ ORDER BY name;
 
 -- name: lock_schedule
 -- The database's time and one schedule's timetable, locked until the caller's transaction ends.
-SELECT now(), cron, timezone, paused FROM schedules WHERE name = %(name)s FOR UPDATE;
+SELECT clock_now(), cron, timezone, paused FROM schedules WHERE name = %(name)s FOR UPDATE;
 
 -- name: delete_schedule
 DELETE FROM schedules WHERE name = %(name)s RETURNING name;
@@ -79,7 +80,7 @@ RETURNING name;
 -- name: seconds_until_due
 -- How long until the earliest active schedule is due, by the database's clock: 0 or less when one is due
 -- now (or has no next_fire_at yet), NULL when there is no active schedule.
-SELECT CASE WHEN next_fire_at IS NULL THEN 0 ELSE extract(epoch FROM next_fire_at - now())::float8 END
+SELECT CASE WHEN next_fire_at IS NULL THEN 0 ELSE extract(epoch FROM next_fire_at - clock_now())::float8 END
 FROM schedules
 WHERE NOT paused
 ORDER BY next_fire_at NULLS FIRST
@@ -88,26 +89,28 @@ LIMIT 1;
 -- name: lock_due_schedules
 -- The due schedules, locked for this firing transaction. SKIP LOCKED: a schedule another worker is firing
 -- right now is left to it (and once that commits, its next_fire_at is no longer due).
-SELECT now(), name, cron, timezone, catch_up, next_fire_at
-FROM schedules
-WHERE NOT paused AND (next_fire_at IS NULL OR next_fire_at <= now())
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+)
+SELECT clock.now, name, cron, timezone, catch_up, next_fire_at
+FROM schedules, clock
+WHERE NOT paused AND (next_fire_at IS NULL OR next_fire_at <= clock.now)
 ORDER BY next_fire_at NULLS FIRST
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF schedules SKIP LOCKED;
 
 -- name: enqueue_ticks
 -- One execution per tick, from one JSON array of [execution_id, schedule_name, tick]. The id is
 -- deterministic ("sched:<name>:<tick>"), so a tick that was already enqueued is not enqueued again.
-INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, timeout_seconds)
-SELECT r.tick ->> 0, s.workflow_name, s.queue, s.priority,
-       CASE WHEN s.pass_scheduled_at THEN s.args || jsonb_build_object('scheduled_at', r.tick ->> 2)
-            ELSE s.args END,
-       s.max_recoveries, s.timeout_seconds
-FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (tick, n)
-JOIN schedules s ON s.name = r.tick ->> 1
-ORDER BY r.n
-ON CONFLICT (id) DO NOTHING
-RETURNING id;
+SELECT i.id
+FROM insert_executions_v1(
+    (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'id', r.tick ->> 0, 'name', s.workflow_name, 'queue', s.queue, 'priority', s.priority,
+                'input', CASE WHEN s.pass_scheduled_at THEN s.args || jsonb_build_object('scheduled_at', r.tick ->> 2)
+                              ELSE s.args END,
+                'max_recoveries', s.max_recoveries, 'timeout_seconds', s.timeout_seconds) ORDER BY r.n), '[]')
+     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r (tick, n)
+     JOIN schedules s ON s.name = r.tick ->> 1)) AS i;
 
 -- name: squatted_ticks
 -- Of ticks that enqueue_ticks did not enqueue (their id was taken), from one JSON array of

@@ -18,42 +18,48 @@ RETURNING id;
 
 -- name: wake_due
 -- The timer: enqueue waiting executions whose time has come (their NOTIFY wakes the workers), and say
--- when the next one is due. SKIP LOCKED lets every worker's timer run without waiting on the others.
-WITH due AS (
+-- when the next one is due, on clock_now() (now(), unless a test moves it). SKIP LOCKED lets every
+-- worker's timer run without waiting on the others.
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), due AS (
     SELECT id FROM workflow_executions
-    WHERE status = 'waiting' AND available_at <= now()
+    WHERE status = 'waiting' AND available_at <= (SELECT now FROM clock)
     ORDER BY available_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 ), woken AS (
     UPDATE workflow_executions e
-    SET status = 'enqueued', wait_reason = NULL, updated_at = now()
+    SET status = 'enqueued', wait_reason = NULL, updated_at = (SELECT now FROM clock)
     FROM due
     WHERE e.id = due.id AND e.status = 'waiting'
     RETURNING e.id
 )
 SELECT (SELECT count(*) FROM woken),
-       (SELECT min(available_at) FROM workflow_executions WHERE status = 'waiting' AND available_at > now()),
-       now();
+       (SELECT min(available_at) FROM workflow_executions
+        WHERE status = 'waiting' AND available_at > (SELECT now FROM clock)),
+       (SELECT now FROM clock);
 
 -- name: expire_deadlines
 -- Fail unfinished executions past their deadline (their children have inherited it and fail alike). A
 -- running one's owner is notified and stops; its writes are refused from now on.
-WITH late AS (
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), late AS (
     SELECT id FROM workflow_executions
-    WHERE deadline < now() AND status IN ('enqueued', 'waiting', 'running')
+    WHERE deadline < (SELECT now FROM clock) AND status IN ('enqueued', 'waiting', 'running')
     ORDER BY deadline
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_executions e
-SET status = 'failed', owner_id = NULL, lease_expires = NULL, wait_reason = NULL, completed_at = now(),
-    updated_at = now(),
+SET status = 'failed', owner_id = NULL, lease_expires = NULL, wait_reason = NULL,
+    completed_at = clock.now, updated_at = clock.now,
     error = jsonb_build_object(
         'type', 'pgdurable.WorkflowTimeout',
         'message', format('deadline %%s passed (timeout %%s s)', e.deadline, e.timeout_seconds))
-FROM late
-WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < now()
+FROM late, clock
+WHERE e.id = late.id AND e.status IN ('enqueued', 'waiting', 'running') AND e.deadline < clock.now
 RETURNING e.id;
 
 -- name: receive
@@ -144,17 +150,12 @@ WITH owned AS (
     WHERE id = %(parent)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
     FOR SHARE
 ), child AS (
-    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                     wait_reason, timeout_seconds, parent_id, deadline, concurrency_key,
-                                     trace_context)
-    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(input)s::jsonb, %(max_recoveries)s,
-           now() + make_interval(secs => %(delay)s),
-           CASE WHEN %(delay)s > 0 THEN 'waiting' ELSE 'enqueued' END,
-           CASE WHEN %(delay)s > 0 THEN 'delay' END, %(timeout)s, owned.id, owned.deadline, %(concurrency_key)s,
-           %(trace)s::jsonb
-    FROM owned
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
+    SELECT i.id
+    FROM owned, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
+        'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
+        'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
+        'timeout_seconds', %(timeout)s::float8, 'parent_id', owned.id, 'deadline', owned.deadline,
+        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb))) AS i
 ), conflict AS (
     SELECT jsonb_build_object('type', 'pgdurable.errors.WorkflowIdConflict', 'message', m.message,
                               'args', jsonb_build_array(m.message)) AS error
@@ -201,12 +202,12 @@ ORDER BY created_at, id;
 WITH source AS (
     SELECT * FROM workflow_executions WHERE id = %(source)s
 ), forked AS (
-    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, timeout_seconds,
-                                     concurrency_key, trace_context, forked_from)
-    SELECT %(id)s, name, queue, priority, input, max_recoveries, timeout_seconds, concurrency_key,
-           trace_context, id
-    FROM source
-    RETURNING id, name
+    SELECT i.id, i.name
+    FROM source, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
+        'id', %(id)s::text, 'name', source.name, 'queue', source.queue, 'priority', source.priority,
+        'input', source.input, 'max_recoveries', source.max_recoveries, 'timeout_seconds', source.timeout_seconds,
+        'concurrency_key', source.concurrency_key, 'trace_context', source.trace_context,
+        'forked_from', source.id)), raise_on_conflict => true) AS i
 ), copied AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
                                    recorded_by_attempt, started_at, completed_at)

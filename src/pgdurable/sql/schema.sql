@@ -1,0 +1,1020 @@
+-- pgdurable: the current schema, in one file, as a newcomer should read it.
+--
+-- What this file is. The database is created and upgraded ONLY by the numbered migrations in
+-- sql/migrations/ (applied in order by migrations.py, recorded in schema_migrations). Migrations are
+-- history: to learn what enqueue_workflow does today you would otherwise have to read 0002, then 0005, then
+-- 0008. This file is the result: every table, index, view, function and trigger in its latest definition,
+-- ordered by concept. tests/test_schema_sql.py runs every migration into one schema and this file into
+-- another and compares them in the catalogs (columns, constraints, indexes, function text, triggers, views,
+-- storage options, privileges), so this file cannot drift from what a migrate produces. It is not used to
+-- install (a fresh install runs the migrations, like an upgrade does: one path to trust).
+--
+-- It runs, like every migration, with search_path set to "<schema>, pg_temp" (default schema "pgdurable"),
+-- so names are unqualified and SET search_path FROM CURRENT pins that path into every function.
+--
+-- Rules for changing the schema:
+-- 1. Never edit a released migration. Add sql/migrations/NNNN_what.sql, then update this file to match
+--    (the test tells you what differs).
+-- 2. A SQL function whose signature changes (arguments or result) gets a NEW, versioned name
+--    (insert_executions_v1 -> insert_executions_v2) and the old one stays until no released worker calls
+--    it: during a blue-green deploy old and new workers run side by side on one schema, and an old worker
+--    must keep finding the function it was written against. A body-only change may CREATE OR REPLACE in
+--    place if old callers keep their meaning. (enqueue_workflow is the public API and keeps its name; it
+--    only ever gains trailing arguments with defaults.)
+-- 3. Every function, trigger functions included, gets SET search_path FROM CURRENT and, unless everybody
+--    may call it, REVOKE ALL ... FROM PUBLIC. The migration runner re-applies the recorded roles' grants
+--    after every migration; a function for the application role is added to apply_application_grants.
+-- 4. Time in the engine's SQL is now() (database time; leases, timers, deadlines and schedules never use a
+--    client's clock). The timer, schedule and deadline paths read it through clock_now(), which a test may
+--    move forward with SET pgdurable.fake_now (see clock_now below).
+
+-- == The migration history =============================================================================
+
+-- Created by the migration runner (migrations.py), not by a migration: one row per applied migration.
+CREATE TABLE schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- == Executions ========================================================================================
+
+-- One row per workflow execution. Kept narrow on purpose: the claim path updates status, owner and lease
+-- many times per second, and a lower fillfactor leaves room for those updates to stay HOT. Every row is
+-- updated several times (claim, heartbeats, waits, completion), so autovacuum is told to start early,
+-- whatever the size of the history kept.
+--
+-- Life cycle: enqueued -> running -> succeeded | failed | cancelled, with 'waiting' in between for an
+-- execution that holds no worker slot (a delayed start, a durable sleep, a receive, children).
+CREATE TABLE workflow_executions (
+    -- Caller-chosen ids are idempotency keys. Ids beginning with "sched:" are reserved for schedule ticks.
+    id              text        PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 200),
+    name            text        NOT NULL,
+    queue           text        NOT NULL DEFAULT 'default' CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    status          text        NOT NULL DEFAULT 'enqueued',
+    priority        integer     NOT NULL DEFAULT 0,
+    -- Enqueue order, the tiebreaker after priority (many rows share one created_at: a bulk enqueue's
+    -- transaction time).
+    seq             bigint      GENERATED ALWAYS AS IDENTITY,
+    -- Payloads are JSON: the workflow's keyword arguments, its result, its error ({"type", "message"...}).
+    input           jsonb       NOT NULL DEFAULT '{}',
+    output          jsonb,
+    error           jsonb,
+    -- Ownership is a lease on database time, renewed by heartbeats; an expired one is swept back to the
+    -- queue.
+    owner_id        text,
+    lease_expires   timestamptz,
+    -- The fencing token: incremented by every claim. A write made for attempt N succeeds only while the
+    -- row still says N and is running, so a worker that lost its lease cannot write.
+    attempt         integer     NOT NULL DEFAULT 0,
+    -- How many times a lease expired while running (a crashed or stuck worker). Past max_recoveries the
+    -- execution is dead-lettered (failed) instead of crashing yet another worker.
+    recoveries      integer     NOT NULL DEFAULT 0,
+    max_recoveries  integer     NOT NULL DEFAULT 5,
+    -- When an enqueued execution may be claimed; when a waiting one wakes up (NULL: only when something it
+    -- waits for happens).
+    available_at    timestamptz DEFAULT now(),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    started_at      timestamptz,
+    completed_at    timestamptz,
+    -- What a waiting execution waits for: 'delay', 'sleep', 'recv:<topic>' or 'children'. Only a matching
+    -- event wakes it early; its own available_at wakes it in any case.
+    wait_reason     text,
+    -- Bumped by everything that may satisfy a wait (a message sent to it, a child that finished). A worker
+    -- suspends an execution only if this did not change since it looked for what it waits for, so a wake-up
+    -- that lands in between is never lost.
+    wakeups         bigint      NOT NULL DEFAULT 0,
+    -- The execution that started this one as a child; cancellation cascades down this link and a finished
+    -- child wakes its parent.
+    parent_id       text,
+    -- The execution this one was forked from, for lineage.
+    forked_from     text,
+    -- A time budget counted from the first start; the deadline is fixed then (or inherited from a parent,
+    -- whichever is earlier). Past it the execution fails with pgdurable.WorkflowTimeout.
+    timeout_seconds double precision,
+    deadline        timestamptz,
+    -- The application version that started the execution; only workers of that version resume it.
+    app_version     text,
+    -- Executions sharing a key are limited together by their queue's key_concurrency.
+    concurrency_key text        CHECK (length(concurrency_key) BETWEEN 1 AND 200),
+    -- While an execution with this key is unfinished in the queue, another with the same key is not
+    -- enqueued (the enqueue returns the existing one, or is refused).
+    dedup_key       text        CHECK (length(dedup_key) BETWEEN 1 AND 200),
+    -- The W3C trace context (traceparent, as a JSON object) of the code that enqueued it (tracing.py).
+    trace_context   jsonb,
+    CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)),
+    CONSTRAINT workflow_executions_status_check
+        CHECK (status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')),
+    -- Time limits: a timeout of at most 10 years; stored times a client can load (the years 1 to 9999,
+    -- with a day of margin for time zones). One bad row must never break the claim of its whole queue.
+    CONSTRAINT workflow_executions_timeout_seconds_range
+        CHECK (timeout_seconds > 0 AND timeout_seconds <= 315360000),
+    CONSTRAINT workflow_executions_available_at_range
+        CHECK (available_at BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'),
+    CONSTRAINT workflow_executions_deadline_range
+        CHECK (deadline BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00')
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+
+-- The claim path: the most urgent, then oldest, enqueued executions of a queue. Partial, so finished and
+-- waiting executions (however many) never slow a claim down.
+CREATE INDEX workflow_executions_claim_idx
+    ON workflow_executions (queue, priority, seq)
+    WHERE status = 'enqueued';
+
+-- The sweeper: running executions by lease expiry.
+CREATE INDEX workflow_executions_lease_idx
+    ON workflow_executions (lease_expires)
+    WHERE status = 'running';
+
+-- Listing and retention.
+CREATE INDEX workflow_executions_created_idx ON workflow_executions (created_at);
+
+-- The timer: waiting executions by wake-up time.
+CREATE INDEX workflow_executions_wake_idx
+    ON workflow_executions (available_at)
+    WHERE status = 'waiting';
+
+-- Children of a parent (cascading cancellation, the dashboard).
+CREATE INDEX workflow_executions_parent_idx
+    ON workflow_executions (parent_id)
+    WHERE parent_id IS NOT NULL;
+
+-- Unfinished executions with a deadline, for the sweeper.
+CREATE INDEX workflow_executions_deadline_idx
+    ON workflow_executions (deadline)
+    WHERE deadline IS NOT NULL AND status IN ('enqueued', 'waiting', 'running');
+
+-- Deduplication: one unfinished execution per (queue, dedup_key).
+CREATE UNIQUE INDEX workflow_executions_dedup_idx
+    ON workflow_executions (queue, dedup_key)
+    WHERE dedup_key IS NOT NULL AND status IN ('enqueued', 'waiting', 'running');
+
+-- Per-key concurrency: the running executions of a key.
+CREATE INDEX workflow_executions_key_running_idx
+    ON workflow_executions (queue, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND status = 'running';
+
+-- == Steps =============================================================================================
+
+-- One row per completed step of an execution: its recorded output or error. Written once (INSERT ... ON
+-- CONFLICT DO NOTHING), only while the writer owns the execution's current attempt.
+-- No foreign key on purpose: every insert already joins the execution row to check ownership (fencing),
+-- and a per-row FK check would double that work on the hottest path. Deleting an execution deletes its
+-- steps explicitly.
+CREATE TABLE operation_outputs (
+    execution_id    text        NOT NULL,
+    step_id         integer     NOT NULL,
+    step_name       text        NOT NULL,
+    output          jsonb,
+    error           jsonb,
+    attempts        integer     NOT NULL DEFAULT 1,
+    -- the execution attempt (fencing token) that recorded this step
+    recorded_by_attempt integer NOT NULL,
+    started_at      timestamptz NOT NULL,
+    completed_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (execution_id, step_id)
+);
+
+-- == Messages and events ===============================================================================
+
+-- Messages sent to an execution. A receive marks one consumed in the same statement that records the
+-- receive as a step, so each message is returned exactly once, in the order sent. Kept after consumption
+-- (for inspection) until the execution is deleted.
+CREATE TABLE workflow_messages (
+    id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    destination_id   text        NOT NULL,
+    topic            text        NOT NULL DEFAULT '' CHECK (length(topic) <= 200),
+    message          jsonb       NOT NULL,
+    -- A sender that may retry gives a key: the same key for the same destination is stored once.
+    idempotency_key  text        CHECK (length(idempotency_key) BETWEEN 1 AND 200),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    consumed_at      timestamptz,
+    consumed_by_step integer,
+    CONSTRAINT workflow_messages_idempotency UNIQUE (destination_id, idempotency_key)
+);
+
+CREATE INDEX workflow_messages_pending_idx
+    ON workflow_messages (destination_id, topic, id)
+    WHERE consumed_at IS NULL;
+
+-- Events an execution publishes (set_event): every value is kept; the latest per key is the current one.
+-- step_id is the set_event step that wrote it, which orders a key's history.
+CREATE TABLE workflow_events (
+    execution_id  text        NOT NULL,
+    key           text        NOT NULL CHECK (length(key) BETWEEN 1 AND 200),
+    step_id       integer     NOT NULL,
+    value         jsonb       NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (execution_id, key, step_id)
+);
+
+-- == Queues and their policies =========================================================================
+
+-- A queue's policy. A queue without a row (or with every limit NULL) has none: its claims take the
+-- plain path, which never looks at this table.
+CREATE TABLE queues (
+    name                text        PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    -- At most this many executions of the queue run at once, across all workers.
+    concurrency         integer     CHECK (concurrency > 0),
+    -- At most this many run at once in any one worker process (the worker enforces it).
+    worker_concurrency  integer     CHECK (worker_concurrency > 0),
+    -- At most rate_limit starts per rate_period_seconds (a sliding window), across all workers.
+    rate_limit          integer     CHECK (rate_limit > 0),
+    rate_period_seconds double precision,
+    -- At most this many running executions per concurrency_key (fairness between tenants).
+    key_concurrency     integer     CHECK (key_concurrency > 0),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    CHECK ((rate_limit IS NULL) = (rate_period_seconds IS NULL)),
+    CONSTRAINT queues_rate_period_seconds_range
+        CHECK (rate_period_seconds > 0 AND rate_period_seconds <= 315360000)
+);
+
+-- Semaphores without a global lock: a queue with a concurrency limit N has N 'run' slots and a rate
+-- limit R has R 'rate' slots. A claim takes free slots with SKIP LOCKED, so concurrent claimers take
+-- different slots instead of queueing on one row. A run slot is free when its holder no longer runs
+-- that attempt (finished, waiting, swept or re-claimed elsewhere): nothing has to release it. A rate
+-- slot is free once its last use is a full period old. Updated on every claim: vacuumed early.
+CREATE TABLE queue_slots (
+    queue          text        NOT NULL REFERENCES queues (name) ON DELETE CASCADE,
+    kind           text        NOT NULL CHECK (kind IN ('run', 'rate')),
+    slot           integer     NOT NULL,
+    holder_id      text,
+    holder_attempt integer,
+    used_at        timestamptz,
+    PRIMARY KEY (queue, kind, slot)
+) WITH (autovacuum_vacuum_scale_factor = 0.0, autovacuum_vacuum_threshold = 500);
+
+-- == Workers ===========================================================================================
+
+-- Live worker processes (heartbeats), so that work no live worker can run is visible.
+CREATE TABLE workers (
+    id              text        PRIMARY KEY,
+    hostname        text        NOT NULL,
+    pid             integer     NOT NULL,
+    queues          text[]      NOT NULL,
+    workflows       text[]      NOT NULL,
+    concurrency     integer     NOT NULL,
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at    timestamptz NOT NULL DEFAULT now(),
+    app_version     text
+);
+
+-- Enqueued executions that no live worker can run: nobody serves their queue, the workers that serve it
+-- do not know the workflow's name, or none of them runs the application version that started it.
+CREATE VIEW unrunnable_executions AS
+SELECT e.id, e.name, e.queue, e.created_at,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM workers w
+                             WHERE e.queue = ANY (w.queues) AND w.heartbeat_at > now() - interval '2 minutes')
+            THEN 'no live worker serves queue ' || e.queue
+            WHEN NOT EXISTS (SELECT 1 FROM workers w
+                             WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
+                               AND w.heartbeat_at > now() - interval '2 minutes')
+            THEN 'no live worker on queue ' || e.queue || ' knows workflow ' || e.name
+            ELSE 'no live worker runs application version ' || e.app_version
+       END AS reason
+FROM workflow_executions e
+WHERE e.status = 'enqueued'
+  AND NOT EXISTS (SELECT 1 FROM workers w
+                  WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
+                    AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version)
+                    AND w.heartbeat_at > now() - interval '2 minutes');
+
+-- == Schedules =========================================================================================
+
+-- Cron schedules. Every worker fires due schedules: it locks them (FOR UPDATE SKIP LOCKED), enqueues one
+-- execution per due tick with a deterministic id ("sched:<name>:<tick>"), and advances next_fire_at, all
+-- in one transaction, so each tick fires once.
+CREATE TABLE schedules (
+    name              text        PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    workflow_name     text        NOT NULL CHECK (length(workflow_name) BETWEEN 1 AND 200),
+    -- 5 fields, 6 with seconds first, or @hourly/@daily/...; validated by pgdurable when written through its
+    -- API. A row edited by hand into something invalid is paused by the first worker that meets it.
+    cron              text        NOT NULL,
+    -- An IANA zone name: the cron's wall-clock times are read in it (daylight saving time included).
+    timezone          text        NOT NULL DEFAULT 'UTC',
+    queue             text        NOT NULL DEFAULT 'default' CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    priority          integer     NOT NULL DEFAULT 0,
+    max_recoveries    integer     NOT NULL DEFAULT 5 CHECK (max_recoveries >= 0),
+    -- The workflow's keyword arguments.
+    args              jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(args) = 'object'),
+    -- Also pass the tick's time (UTC, ISO 8601) as the keyword argument scheduled_at.
+    pass_scheduled_at boolean     NOT NULL DEFAULT false,
+    -- After downtime: 'skip' fires only the missed ticks late by less than the misfire grace (60 s),
+    -- 'all' fires every missed tick.
+    catch_up          text        NOT NULL DEFAULT 'skip' CHECK (catch_up IN ('skip', 'all')),
+    paused            boolean     NOT NULL DEFAULT false,
+    -- The earliest instant whose tick has not fired yet: due ticks are those in [next_fire_at, now()].
+    -- NULL: the next worker to look sets it to the first tick after its now() (handy for rows inserted by
+    -- hand).
+    next_fire_at      timestamptz,
+    last_fired_at     timestamptz,
+    -- Why a worker paused this schedule (its row was invalid); cleared when it is resumed or redefined.
+    last_error        text,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    -- When the definition last changed (firing does not count).
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    -- The ticks' time budget, like every other way of creating an execution.
+    timeout_seconds   double precision CHECK (timeout_seconds > 0 AND timeout_seconds <= 315360000)
+);
+
+-- The firing query and the workers' wake-up time: active schedules by next fire time (unset ones first).
+CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT paused;
+
+-- == Notifications =====================================================================================
+-- Workers sleep on LISTEN and are woken by NOTIFY; polling is only the fallback. Triggers (not the client)
+-- send these so that every writer, in any language, wakes everybody; NOTIFY is delivered on commit and
+-- identical payloads within a transaction are folded into one. The channels are "<schema>_<kind>" (kinds:
+-- work, done, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
+
+-- The name of the channel of a kind, for this schema (Python: channels.channel(schema, kind)).
+CREATE FUNCTION notify_channel(kind text) RETURNS text
+LANGUAGE plpgsql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('work', 'done', 'stop', 'event', 'schedules') THEN
+        RAISE EXCEPTION 'notify_channel: unknown channel kind %', quote_nullable(kind) USING ERRCODE = '22023';
+    END IF;
+    RETURN current_schema() || '_' || kind;
+END;
+$$;
+
+-- An enqueue wakes the workers of its queue ("_work", payload the queue). Inserts notify once per statement
+-- and queue, so a bulk enqueue of thousands of rows sends one NOTIFY.
+CREATE FUNCTION notify_enqueued() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_notify(notify_channel('work'), queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued') AS queues;
+    RETURN NULL;
+END;
+$$;
+
+-- Status changes: wake workers for enqueued work, wake result waiters for finished executions ("_done",
+-- payload the id), tell the owner of a running execution that was cancelled or timed out to stop at once
+-- ("_stop"), and wake a parent waiting on a child that finished.
+CREATE FUNCTION notify_execution_change() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF NEW.status = 'enqueued' THEN
+        PERFORM pg_notify(notify_channel('work'), NEW.queue);
+    ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
+        PERFORM pg_notify(notify_channel('done'), NEW.id);
+        IF OLD.status = 'running' AND (NEW.status = 'cancelled' OR NEW.error ->> 'type' = 'pgdurable.WorkflowTimeout') THEN
+            PERFORM pg_notify(notify_channel('stop'), NEW.id);
+        END IF;
+        IF NEW.parent_id IS NOT NULL AND OLD.status NOT IN ('succeeded', 'failed', 'cancelled') THEN
+            UPDATE workflow_executions p
+            SET wakeups = p.wakeups + 1,
+                status = CASE WHEN p.status = 'waiting' AND p.wait_reason = 'children' THEN 'enqueued'
+                              ELSE p.status END,
+                available_at = CASE WHEN p.status = 'waiting' AND p.wait_reason = 'children' THEN now()
+                                    ELSE p.available_at END
+            WHERE p.id = NEW.parent_id;
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- A published event wakes its readers ("_event", payload the execution id).
+CREATE FUNCTION notify_event() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_notify(notify_channel('event'), NEW.execution_id);
+    RETURN NULL;
+END;
+$$;
+
+-- Wake the workers' firing loops when a schedule may have become due sooner than they planned (a new one,
+-- a resumed one, an earlier next_fire_at); firing only moves next_fire_at later, so it does not notify.
+CREATE FUNCTION notify_schedule_change() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_notify(notify_channel('schedules'), '');
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER workflow_executions_notify_insert
+    AFTER INSERT ON workflow_executions
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION notify_enqueued();
+
+CREATE TRIGGER workflow_executions_notify_update
+    AFTER UPDATE OF status ON workflow_executions
+    FOR EACH ROW WHEN (NEW.status IS DISTINCT FROM OLD.status AND NEW.status <> 'running')
+    EXECUTE FUNCTION notify_execution_change();
+
+CREATE TRIGGER workflow_events_notify
+    AFTER INSERT ON workflow_events
+    FOR EACH ROW EXECUTE FUNCTION notify_event();
+
+CREATE TRIGGER schedules_notify_insert
+    AFTER INSERT ON schedules
+    FOR EACH ROW WHEN (NOT NEW.paused)
+    EXECUTE FUNCTION notify_schedule_change();
+
+CREATE TRIGGER schedules_notify_update
+    AFTER UPDATE ON schedules
+    FOR EACH ROW WHEN (NOT NEW.paused AND (OLD.paused OR NEW.next_fire_at IS NULL
+                                           OR NEW.next_fire_at < OLD.next_fire_at))
+    EXECUTE FUNCTION notify_schedule_change();
+
+-- == The clock =========================================================================================
+
+-- The engine's time for timers, deadlines and schedules (and the time a claim returns, from which durable
+-- sleeps are computed): now(), unless pgdurable.fake_now is set (tests: SET pgdurable.fake_now =
+-- '2030-01-01 00:00+00' moves time without sleeping). Leases and heartbeats stay on now(). Pinned like
+-- every function, so it is not inlined: a call costs a few microseconds (the search_path switch), and a
+-- statement that compares many rows with it reads it once (a MATERIALIZED CTE "clock", a variable).
+CREATE FUNCTION clock_now() RETURNS timestamptz
+LANGUAGE sql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT coalesce(nullif(pg_catalog.current_setting('pgdurable.fake_now', true), '')::pg_catalog.timestamptz,
+                    pg_catalog.now())
+$$;
+
+-- == Creating executions: the one insert path ==========================================================
+
+-- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
+-- enqueue_workflow) inserts through insert_executions_v1, so the values derived at creation are decided
+-- in one place.
+
+-- One execution to create, as insert_executions_v1 reads it from JSON (by field name; absent fields are
+-- NULL, then the function's defaults apply).
+CREATE TYPE execution_spec_v1 AS (
+    id              text,
+    name            text,
+    input           jsonb,
+    queue           text,
+    priority        integer,
+    max_recoveries  integer,
+    -- When it may start: start_at, else delay_seconds from now (clock_now()), else now.
+    start_at        timestamptz,
+    delay_seconds   double precision,
+    timeout_seconds double precision,
+    -- Inherited from a parent (the earlier of it and the execution's own timeout applies).
+    deadline        timestamptz,
+    dedup_key       text,
+    concurrency_key text,
+    trace_context   jsonb,
+    parent_id       text,
+    forked_from     text,
+    -- Given: the execution is created already claimed by this owner (App.start), attempt 1, with a lease
+    -- of lease_seconds, and app_version stamped.
+    owner_id        text,
+    lease_seconds   double precision,
+    app_version     text
+);
+
+CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- Read once: clock_now() is a (pinned, so not inlined) function call.
+    at timestamptz := clock_now();
+    created integer;
+BEGIN
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
+                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
+                                          started_at, app_version, created_at, updated_at)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.delayed THEN 'delay' END,
+           s.timeout_seconds,
+           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
+                THEN least(coalesce(s.deadline, 'infinity'),
+                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                ELSE s.deadline END,
+           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
+           s.owner_id,
+           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
+           CASE WHEN s.owned THEN 1 ELSE 0 END,
+           CASE WHEN s.owned THEN at END,
+           s.app_version, at, at
+    FROM (
+        SELECT p.*, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
+                 WITH ORDINALITY AS p
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT DO NOTHING
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS created = ROW_COUNT;
+    IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+            USING ERRCODE = '23505', DETAIL = 'insert_executions_v1: an id given is taken';
+    END IF;
+END;
+$$;
+
+-- == The SQL API (any language, inside the caller's transaction) =======================================
+
+-- Enqueue a workflow inside the caller's transaction: it exists if and only if that transaction commits,
+-- and workers are woken (NOTIFY) at commit. A given workflow_id is an idempotency key: enqueuing it again
+-- returns the same id. Arguments go by name in a JSON object: '{"order_id": 42}'. A delayed start waits
+-- in 'waiting' (out of the claim index) until the timer enqueues it. With a dedup_key that an unfinished
+-- execution of the queue already has, returns that execution's id instead of a new one. Refuses (SQLSTATE
+-- 22023) every value outside the limits, and ids in the reserved "sched:" namespace.
+CREATE FUNCTION enqueue_workflow(
+    workflow_name   text,
+    input           jsonb       DEFAULT '{}',
+    queue           text        DEFAULT 'default',
+    workflow_id     text        DEFAULT NULL,
+    priority        integer     DEFAULT 0,
+    start_at        timestamptz DEFAULT NULL,
+    delay           interval    DEFAULT NULL,
+    max_recoveries  integer     DEFAULT 5,
+    timeout_seconds double precision DEFAULT NULL,
+    dedup_key       text        DEFAULT NULL,
+    concurrency_key text        DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    new_id text := coalesce(workflow_id, gen_random_uuid()::text);
+    owner_name text;
+    duplicate_id text;
+    ten_years constant interval := make_interval(secs => 315360000);
+BEGIN
+    IF workflow_name IS NULL OR length(workflow_name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow_name must be 1 to 200 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF input IS NULL OR jsonb_typeof(input) <> 'object' THEN
+        RAISE EXCEPTION 'enqueue_workflow: input must be a JSON object of arguments by name, not %',
+                        coalesce(jsonb_typeof(input), 'NULL')
+            USING ERRCODE = '22023', HINT = 'for example: ''{"order_id": 42}''::jsonb';
+    END IF;
+    IF octet_length(input::text) > 8388608 THEN
+        RAISE EXCEPTION 'enqueue_workflow: input is % bytes of JSON; the limit is 8 MiB', octet_length(input::text)
+            USING ERRCODE = '54000', HINT = 'store large payloads in a table and pass their key';
+    END IF;
+    IF queue IS NULL OR queue !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN
+        RAISE EXCEPTION 'enqueue_workflow: queue % is not a valid queue name', quote_nullable(queue)
+            USING ERRCODE = '22023', HINT = '1 to 100 letters, digits, or _ . : -';
+    END IF;
+    IF length(new_id) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow_id must be 1 to 200 characters' USING ERRCODE = '22023';
+    END IF;
+    IF starts_with(new_id, 'sched:') THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow_id % begins with "sched:", which is reserved for schedule ticks',
+                        quote_literal(new_id)
+            USING ERRCODE = '22023';
+    END IF;
+    IF start_at IS NOT NULL AND delay IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue_workflow: give start_at or delay, not both' USING ERRCODE = '22023';
+    END IF;
+    IF start_at IS NOT NULL AND NOT (start_at BETWEEN clock_now() - ten_years AND clock_now() + ten_years) THEN
+        RAISE EXCEPTION 'enqueue_workflow: start_at % is not a finite time within 10 years of now', start_at
+            USING ERRCODE = '22023';
+    END IF;
+    IF delay IS NOT NULL AND NOT (delay BETWEEN interval '0' AND ten_years) THEN
+        RAISE EXCEPTION 'enqueue_workflow: delay % must be >= 0 and <= 10 years (315360000 seconds)', delay
+            USING ERRCODE = '22023';
+    END IF;
+    IF priority IS NULL OR max_recoveries IS NULL OR max_recoveries < 0 THEN
+        RAISE EXCEPTION 'enqueue_workflow: priority must be given and max_recoveries must be >= 0'
+            USING ERRCODE = '22023';
+    END IF;
+    IF timeout_seconds IS NOT NULL AND NOT (timeout_seconds > 0 AND timeout_seconds <= 315360000) THEN
+        RAISE EXCEPTION 'enqueue_workflow: timeout_seconds % must be a finite number of seconds, > 0 and <= '
+                        '315360000 (10 years)', timeout_seconds
+            USING ERRCODE = '22023';
+    END IF;
+    IF length(dedup_key) NOT BETWEEN 1 AND 200 OR length(concurrency_key) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'enqueue_workflow: dedup_key and concurrency_key must be 1 to 200 characters'
+            USING ERRCODE = '22023';
+    END IF;
+
+    PERFORM FROM insert_executions_v1(jsonb_build_array(jsonb_build_object(
+        'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
+        'max_recoveries', max_recoveries,
+        'start_at', coalesce(start_at, clock_now() + coalesce(delay, interval '0')),
+        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key)));
+    IF NOT FOUND THEN
+        SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
+        IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
+            SELECT e.id INTO duplicate_id FROM workflow_executions e
+            WHERE e.queue = queue AND e.dedup_key = dedup_key AND e.status IN ('enqueued', 'waiting', 'running');
+            IF duplicate_id IS NOT NULL THEN
+                RETURN duplicate_id;
+            END IF;
+        END IF;
+        IF owner_name IS DISTINCT FROM workflow_name THEN
+            RAISE EXCEPTION 'enqueue_workflow: workflow id % already belongs to workflow %', new_id, owner_name
+                USING ERRCODE = '23505';
+        END IF;
+    END IF;
+    RETURN new_id;
+END;
+$$;
+
+-- The status and result of one execution; no row if there is none with this id.
+CREATE FUNCTION workflow_status(workflow_id text)
+RETURNS TABLE (status text, output jsonb, error jsonb, attempt integer, created_at timestamptz,
+               completed_at timestamptz)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+    SELECT e.status, e.output, e.error, e.attempt, e.created_at, e.completed_at
+    FROM workflow_executions e WHERE e.id = workflow_id;
+$$;
+
+-- Cancel an execution and, down the parent links, every unfinished descendant; true if the execution
+-- itself was cancelled. A running one stops at once (its owner is notified) and writes nothing more.
+CREATE FUNCTION cancel_workflow(workflow_id text) RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+    WITH RECURSIVE tree AS (
+        SELECT e.id FROM workflow_executions e WHERE e.id = workflow_id
+        UNION
+        SELECT c.id FROM workflow_executions c JOIN tree t ON c.parent_id = t.id
+    ), cancelled AS (
+        UPDATE workflow_executions e
+        SET status = 'cancelled', owner_id = NULL, lease_expires = NULL, wait_reason = NULL,
+            completed_at = now(), updated_at = now()
+        FROM tree
+        WHERE e.id = tree.id AND e.status IN ('enqueued', 'waiting', 'running')
+        RETURNING e.id
+    )
+    SELECT count(*) FILTER (WHERE id = workflow_id) > 0 FROM cancelled;
+$$;
+
+-- Send a message to an execution, from any language and inside the caller's transaction: delivered if
+-- and only if that transaction commits. Returns false when the idempotency key was already used for this
+-- destination (nothing new stored). Raises if the destination does not exist.
+CREATE FUNCTION send_message(destination_id text, message jsonb, topic text DEFAULT '',
+                             idempotency_key text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+BEGIN
+    IF message IS NULL THEN
+        RAISE EXCEPTION 'send_message: message must not be NULL (send JSON ''null'' instead)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF topic IS NULL OR length(topic) > 200 THEN
+        RAISE EXCEPTION 'send_message: topic must be a string of at most 200 characters' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(message::text) > 8388608 THEN
+        RAISE EXCEPTION 'send_message: message is % bytes of JSON; the limit is 8 MiB', octet_length(message::text)
+            USING ERRCODE = '54000';
+    END IF;
+    -- Count the wake-up before storing the message (this also locks the destination row): a receiver
+    -- that just looked for messages and is about to suspend sees the count change and looks again.
+    UPDATE workflow_executions e
+    SET wakeups = e.wakeups + 1,
+        status = CASE WHEN e.status = 'waiting' AND e.wait_reason = 'recv:' || topic THEN 'enqueued'
+                      ELSE e.status END,
+        available_at = CASE WHEN e.status = 'waiting' AND e.wait_reason = 'recv:' || topic THEN now()
+                            ELSE e.available_at END
+    WHERE e.id = destination_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'send_message: no workflow execution has id %', quote_nullable(destination_id)
+            USING ERRCODE = 'P0002';
+    END IF;
+    INSERT INTO workflow_messages (destination_id, topic, message, idempotency_key)
+    VALUES (destination_id, topic, message, idempotency_key)
+    ON CONFLICT ON CONSTRAINT workflow_messages_idempotency DO NOTHING;
+    RETURN FOUND;
+END;
+$$;
+
+-- The latest value an execution published under a key; no row if none yet.
+CREATE FUNCTION workflow_event(workflow_id text, key text)
+RETURNS TABLE (value jsonb, created_at timestamptz)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+    SELECT ev.value, ev.created_at FROM workflow_events ev
+    WHERE ev.execution_id = workflow_id AND ev.key = workflow_event.key
+    ORDER BY ev.step_id DESC
+    LIMIT 1;
+$$;
+
+-- A transactional step's checkpoint, written in the step's own transaction just before it commits: true
+-- if written, false if the writer no longer owns the execution's current attempt (then the caller rolls
+-- the whole transaction back). Runs with the caller's rights (the worker's role).
+CREATE FUNCTION checkpoint_step(execution_id text, attempt integer, step_id integer, step_name text,
+                                output jsonb, error jsonb, attempts integer, started_at timestamptz)
+RETURNS boolean
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    WITH owned AS (
+        SELECT e.id FROM workflow_executions e
+        WHERE e.id = checkpoint_step.execution_id AND e.attempt = checkpoint_step.attempt
+          AND e.status = 'running' AND e.lease_expires > now()
+        FOR SHARE
+    ), written AS (
+        INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                       recorded_by_attempt, started_at)
+        SELECT owned.id, checkpoint_step.step_id, checkpoint_step.step_name, checkpoint_step.output,
+               checkpoint_step.error, checkpoint_step.attempts, checkpoint_step.attempt,
+               checkpoint_step.started_at
+        FROM owned
+        ON CONFLICT ON CONSTRAINT operation_outputs_pkey DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) > 0 FROM written;
+$$;
+
+-- == Queue policies and the policy claim ===============================================================
+-- (The plain claim, without a policy, is the named query "claim" in queries/executions.sql.)
+
+-- Create, change or remove (all limits NULL) a queue's policy, keeping its slots in step.
+CREATE FUNCTION set_queue_policy(queue_name text, concurrency integer, worker_concurrency integer,
+                                 rate_limit integer, rate_period_seconds double precision,
+                                 key_concurrency integer) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO queues AS q (name, concurrency, worker_concurrency, rate_limit, rate_period_seconds,
+                             key_concurrency)
+    VALUES (queue_name, concurrency, worker_concurrency, rate_limit, rate_period_seconds, key_concurrency)
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, worker_concurrency = EXCLUDED.worker_concurrency,
+        rate_limit = EXCLUDED.rate_limit, rate_period_seconds = EXCLUDED.rate_period_seconds,
+        key_concurrency = EXCLUDED.key_concurrency, updated_at = now();
+    DELETE FROM queue_slots s
+    WHERE s.queue = queue_name
+      AND ((s.kind = 'run' AND s.slot > coalesce(set_queue_policy.concurrency, 0))
+        OR (s.kind = 'rate' AND s.slot > coalesce(set_queue_policy.rate_limit, 0)));
+    INSERT INTO queue_slots (queue, kind, slot)
+    SELECT queue_name, 'run', i FROM generate_series(1, coalesce(set_queue_policy.concurrency, 0)) AS i
+    UNION ALL
+    SELECT queue_name, 'rate', i FROM generate_series(1, coalesce(set_queue_policy.rate_limit, 0)) AS i
+    ON CONFLICT DO NOTHING;
+    IF concurrency IS NULL AND worker_concurrency IS NULL AND rate_limit IS NULL AND key_concurrency IS NULL THEN
+        DELETE FROM queues WHERE name = queue_name;
+    END IF;
+END;
+$$;
+
+-- The claim of a queue with a policy: like the plain claim, but takes at most as many executions as it
+-- got free run slots and rate slots, and skips executions whose concurrency key is at its limit. No row
+-- can make it raise: the timeout and the rate period are clamped to 10 years (the constraints hold them
+-- there too), because one bad row here would stop its whole queue.
+CREATE FUNCTION claim_with_policy(queue_name text, names text[], owner text, lease double precision,
+                                             max_claims integer, version text)
+RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    policy queues%ROWTYPE;
+    run_slots integer[];
+    rate_slots integer[];
+    wanted integer := max_claims;
+    chosen text[] := '{}';
+    chosen_keys text[] := '{}';
+    candidate record;
+    running_for_key integer;
+    scanned integer := 0;
+BEGIN
+    SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
+    IF policy.concurrency IS NOT NULL THEN
+        SELECT array_agg(s.slot) INTO run_slots FROM (
+            SELECT s.slot FROM queue_slots s
+            LEFT JOIN workflow_executions e ON e.id = s.holder_id
+            WHERE s.queue = queue_name AND s.kind = 'run'
+              AND (s.holder_id IS NULL OR e.id IS NULL OR e.status <> 'running' OR e.attempt <> s.holder_attempt)
+            ORDER BY s.slot
+            LIMIT wanted
+            FOR UPDATE OF s SKIP LOCKED) s;
+        wanted := least(wanted, coalesce(cardinality(run_slots), 0));
+    END IF;
+    IF policy.rate_limit IS NOT NULL AND wanted > 0 THEN
+        SELECT array_agg(s.slot) INTO rate_slots FROM (
+            SELECT s.slot FROM queue_slots s
+            WHERE s.queue = queue_name AND s.kind = 'rate'
+              AND (s.used_at IS NULL
+                   OR s.used_at <= now() - make_interval(secs => least(policy.rate_period_seconds, 315360000)))
+            ORDER BY s.slot
+            LIMIT wanted
+            FOR UPDATE OF s SKIP LOCKED) s;
+        wanted := least(wanted, coalesce(cardinality(rate_slots), 0));
+    END IF;
+    IF wanted <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- Walk the queue in claim order. Keyed executions are taken only while their key has room: the
+    -- key's advisory lock (held to the end of this transaction) makes concurrent claimers of one key take
+    -- turns, and the count below runs after it is held, so it sees every claim of the key committed
+    -- before. The walk is bounded, so one busy key at the head of a long queue cannot make claims slow.
+    FOR candidate IN
+        SELECT e.id, e.concurrency_key FROM workflow_executions e
+        WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
+          AND e.available_at <= now() AND (e.app_version IS NULL OR e.app_version = version)
+        ORDER BY e.priority, e.seq
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        scanned := scanned + 1;
+        EXIT WHEN scanned > 1000;
+        IF candidate.concurrency_key IS NOT NULL AND policy.key_concurrency IS NOT NULL THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(queue_name || ':' || candidate.concurrency_key, 7231));
+            SELECT count(*) INTO running_for_key FROM workflow_executions e
+            WHERE e.queue = queue_name AND e.concurrency_key = candidate.concurrency_key AND e.status = 'running';
+            running_for_key := running_for_key
+                + (SELECT count(*) FROM unnest(chosen_keys) k WHERE k = candidate.concurrency_key);
+            CONTINUE WHEN running_for_key >= policy.key_concurrency;
+            chosen_keys := chosen_keys || candidate.concurrency_key;
+        END IF;
+        chosen := chosen || candidate.id;
+        EXIT WHEN cardinality(chosen) >= wanted;
+    END LOOP;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE workflow_executions e
+        SET status = 'running',
+            owner_id = owner,
+            lease_expires = now() + make_interval(secs => lease),
+            attempt = e.attempt + 1,
+            -- The moment of the claim itself (not the transaction's start, before the slots and key
+            -- locks were taken), so that limits can be checked against these timestamps.
+            started_at = coalesce(e.started_at, clock_timestamp()),
+            updated_at = now(),
+            app_version = version,
+            deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
+                            THEN least(coalesce(e.deadline, 'infinity'),
+                                       now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                            ELSE e.deadline END
+        WHERE e.id = ANY (chosen)
+        RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
+    ), numbered AS (
+        SELECT c.*, row_number() OVER (ORDER BY c.priority, c.seq) AS n FROM claimed c
+    ), held AS (
+        UPDATE queue_slots s
+        SET holder_id = numbered.id, holder_attempt = numbered.attempt
+        FROM numbered
+        WHERE s.queue = queue_name AND s.kind = 'run' AND s.slot = run_slots[numbered.n]
+    ), used AS (
+        -- The slot's use is stamped after the claim's own started_at (both clock times), and a slot is
+        -- reused only a full period after it by the transaction start of a later claim: any two starts
+        -- through one slot are at least a period apart.
+        UPDATE queue_slots s
+        SET used_at = clock_timestamp()
+        FROM numbered
+        WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
+    )
+    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, now(),
+           numbered.attempt > 1 OR numbered.forked_from IS NOT NULL
+    FROM numbered;
+END;
+$$;
+
+-- == Roles and grants ==================================================================================
+-- Least privilege: an application role may only enqueue, read status, cancel, send messages and read
+-- events through the SQL API functions (no table access); a worker role runs workflows and is trusted with
+-- the engine's tables and functions, but only reads the migration history and never touches the grants.
+
+-- The roles given a grant function, and which one (a role may be both). By OID, so a renamed role stays
+-- known; a dropped one is forgotten at the next re-application. Forget a role that should keep no grants
+-- by deleting its row (and revoking what it holds).
+CREATE TABLE granted_roles (
+    role_oid   oid         NOT NULL,
+    kind       text        NOT NULL CHECK (kind IN ('application', 'worker')),
+    granted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (role_oid, kind)
+);
+
+-- Grant a role what an application needs, and remember it.
+CREATE FUNCTION grant_application_role(role_name name) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO granted_roles (role_oid, kind) VALUES (role_name::regrole::oid, 'application')
+    ON CONFLICT DO NOTHING;
+    PERFORM apply_application_grants(role_name);
+END;
+$$;
+
+-- Grant a role what a worker needs, and remember it.
+CREATE FUNCTION grant_worker_role(role_name name) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO granted_roles (role_oid, kind) VALUES (role_name::regrole::oid, 'worker')
+    ON CONFLICT DO NOTHING;
+    PERFORM apply_worker_grants(role_name);
+END;
+$$;
+
+-- The application role's privileges: the schema, and the functions of the SQL API. Nothing else.
+CREATE FUNCTION apply_application_grants(role_name name) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    schema_name text := current_schema();
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %1$I.enqueue_workflow(text, jsonb, text, text, integer, '
+                   'timestamptz, interval, integer, double precision, text, text), %1$I.workflow_status(text), '
+                   '%1$I.cancel_workflow(text), %1$I.send_message(text, jsonb, text, text), '
+                   '%1$I.workflow_event(text, text) TO %2$I', schema_name, role_name);
+END;
+$$;
+
+-- The worker role's privileges.
+CREATE FUNCTION apply_worker_grants(role_name name) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    schema_name text := current_schema();
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, role_name);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %I TO %I',
+                   schema_name, role_name);
+    EXECUTE format('REVOKE ALL ON TABLE %1$I.schema_migrations, %1$I.granted_roles FROM %2$I',
+                   schema_name, role_name);
+    EXECUTE format('GRANT SELECT ON TABLE %I.schema_migrations TO %I', schema_name, role_name);
+    EXECUTE format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA %I TO %I', schema_name, role_name);
+    EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA %I TO %I', schema_name, role_name);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %1$I.grant_application_role(name), %1$I.grant_worker_role(name), '
+                   '%1$I.apply_application_grants(name), %1$I.apply_worker_grants(name), '
+                   '%1$I.reapply_role_grants() FROM %2$I', schema_name, role_name);
+END;
+$$;
+
+-- Grant again, to every recorded role that still exists, what its kind needs now. The migration runner
+-- calls this after applying migrations, so a function or table that a migration created or recreated is
+-- granted to the roles that existed before it.
+CREATE FUNCTION reapply_role_grants() RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    recorded record;
+BEGIN
+    DELETE FROM granted_roles g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.role_oid);
+    FOR recorded IN SELECT r.rolname, g.kind FROM granted_roles g JOIN pg_roles r ON r.oid = g.role_oid
+                    ORDER BY g.kind, r.rolname LOOP
+        IF recorded.kind = 'application' THEN
+            PERFORM apply_application_grants(recorded.rolname);
+        ELSE
+            PERFORM apply_worker_grants(recorded.rolname);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- Everything above that is not for everybody.
+REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer,
+                                        double precision, text, text),
+                       workflow_status(text), cancel_workflow(text),
+                       send_message(text, jsonb, text, text), workflow_event(text, text),
+                       checkpoint_step(text, integer, integer, text, jsonb, jsonb, integer, timestamptz),
+                       set_queue_policy(text, integer, integer, integer, double precision, integer),
+                       claim_with_policy(text, text[], text, double precision, integer, text),
+                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean),
+                       grant_application_role(name), grant_worker_role(name),
+                       apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
+    FROM PUBLIC;

@@ -1,0 +1,87 @@
+"""SQL tests on the overridable database clock (Absurd's fake_now): clock_now() is now() unless
+pgdurable.fake_now is set, and the timer, the claim's availability check, deadlines and schedules read it.
+Time moves by a setting, not by sleeping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgdurable import store
+
+
+def _db_now(db: psycopg.Connection[Any]) -> datetime:
+    row = db.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def clock(db: psycopg.Connection[Any]) -> Iterator[Any]:
+    def move_to(when: datetime | None) -> None:
+        db.execute("SELECT set_config('pgdurable.fake_now', %s, false)", (when.isoformat() if when else "",))
+    yield move_to
+    move_to(None)
+
+
+def test_clock_now_is_now_unless_faked(db: psycopg.Connection[Any], clock: Any) -> None:
+    row = db.execute("SELECT clock_now() = now()").fetchone()
+    assert row == (True,)
+    later = _db_now(db) + timedelta(days=400)
+    clock(later)
+    assert db.execute("SELECT clock_now()").fetchone() == (later,)
+    clock(None)
+    assert db.execute("SELECT clock_now() = now()").fetchone() == (True,)
+
+
+def test_delayed_enqueue_becomes_claimable_when_the_clock_passes_it(db: psycopg.Connection[Any],
+                                                                     clock: Any) -> None:
+    store.run(db, store.enqueue(id="later", name="w", queue="q", priority=0, input="{}", max_recoveries=5,
+                                delay=3600.0))
+    execution = store.run(db, store.get_execution("later"))
+    assert execution is not None and execution.status == "waiting" and execution.wait_reason == "delay"
+    claim = store.claim(queue="q", names=["w"], owner="me", lease=30, limit=10, version="v")
+    assert store.run(db, store.wake_due())[0] == 0
+    assert store.run(db, claim) == []
+
+    almost = execution.available_at - timedelta(seconds=1)  # type: ignore[operator]
+    clock(almost)
+    woken, next_due, now = store.run(db, store.wake_due())
+    assert (woken, next_due, now) == (0, execution.available_at, almost)
+
+    after = execution.available_at + timedelta(seconds=1)  # type: ignore[operator]
+    clock(after)
+    assert store.run(db, store.wake_due())[0] == 1
+    [claimed] = store.run(db, claim)
+    assert (claimed.id, claimed.attempt, claimed.db_now) == ("later", 1, after)
+
+
+def test_a_deadline_expires_when_the_clock_passes_it(db: psycopg.Connection[Any], clock: Any) -> None:
+    store.run(db, store.enqueue(id="budget", name="w", queue="q", priority=0, input="{}", max_recoveries=5,
+                                delay=0.0, timeout=60.0))
+    [claimed] = store.run(db, store.claim(queue="q", names=["w"], owner="me", lease=30, limit=1, version="v"))
+    execution = store.run(db, store.get_execution("budget"))
+    assert execution is not None and execution.deadline is not None
+    assert execution.deadline - claimed.db_now == timedelta(seconds=60)  # type: ignore[operator]
+    assert store.run(db, store.expire_deadlines()) == []
+
+    clock(execution.deadline + timedelta(milliseconds=1))
+    assert store.run(db, store.expire_deadlines()) == ["budget"]
+    execution = store.run(db, store.get_execution("budget"))
+    assert execution is not None and execution.status == "failed"
+    assert "pgdurable.WorkflowTimeout" in str(execution.error)  # (this connection loads jsonb as objects)
+
+
+def test_a_deadline_counts_from_the_faked_claim_time(db: psycopg.Connection[Any], clock: Any) -> None:
+    start = _db_now(db) + timedelta(days=30)
+    clock(start)
+    store.run(db, store.enqueue(id="moved", name="w", queue="q", priority=0, input="{}", max_recoveries=5,
+                                delay=0.0, timeout=10.0))
+    [claimed] = store.run(db, store.claim(queue="q", names=["w"], owner="me", lease=30, limit=1, version="v"))
+    assert claimed.db_now == start
+    execution = store.run(db, store.get_execution("moved"))
+    assert execution is not None and execution.deadline == start + timedelta(seconds=10)

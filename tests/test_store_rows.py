@@ -1,0 +1,57 @@
+"""store.py maps rows to objects by column name: every query read into a dataclass returns exactly columns
+named after its fields, so a column added to or moved in a query cannot silently shift the fields."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import class_row
+
+from pgdurable import store
+
+
+def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
+    return [
+        (store.enqueue(id="rows-1", name="w", queue="default", priority=0, input="{}", max_recoveries=5,
+                       delay=0.0), store.Enqueued),
+        (store.find_duplicate(queue="default", dedup_key="k"), store.Enqueued),
+        (store.claim(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"), store.Claimed),
+        (store.claim_with_policy(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"),
+         store.Claimed),
+        (store.get_execution("rows-1"), store.Execution),
+        (store.list_executions(status=None, name=None, queue=None, limit=1), store.Execution),
+        (store.list_steps("rows-1"), store.Step),
+        (store.queue_policies(None), store.QueuePolicy),
+        (store.list_messages("rows-1"), store.Message),
+        (store.list_events("rows-1"), store.Event),
+    ]
+
+
+def test_named_rows_match_their_dataclasses(db: psycopg.Connection[Any]) -> None:
+    for call, cls in _calls():
+        with db.cursor() as cur:
+            cur.execute(store._statement(call), call.params)
+            assert cur.description is not None
+            columns = [column.name for column in cur.description]
+        fields = [field.name for field in dataclasses.fields(cls)]
+        required = [field.name for field in dataclasses.fields(cls)
+                    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
+        assert len(columns) == len(set(columns)), (call.name, columns)
+        assert set(columns) <= set(fields), f"{call.name}: columns {columns} that {cls.__name__} has no field for"
+        assert set(required) <= set(columns), f"{call.name}: {cls.__name__} fields missing from {columns}"
+
+
+def test_rows_are_read_by_name(db: psycopg.Connection[Any]) -> None:
+    store.run(db, store.enqueue(id="rows-2", name="w", queue="q", priority=3, input='{"a": 1}',
+                                max_recoveries=2, delay=0.0))
+    execution = store.run(db, store.get_execution("rows-2"))
+    assert execution is not None
+    assert (execution.id, execution.name, execution.queue, execution.status, execution.priority,
+            execution.max_recoveries, execution.attempt) == ("rows-2", "w", "q", "enqueued", 3, 2, 0)
+    # A column the dataclass does not know is an error, not a shifted field.
+    with db.cursor(row_factory=class_row(store.Enqueued)) as cur, pytest.raises(TypeError):
+        cur.execute("SELECT 'x' AS id, 'w' AS name, true AS created, 1 AS surprise")
+        cur.fetchall()
