@@ -16,6 +16,11 @@ from psycopg import sql
 
 import pgdurable
 
+# How long a test waits for something that must happen. Generous on purpose: every wait returns as soon as its
+# condition holds, so only a failing test waits this long, and a loaded machine (CI beside other work) must not
+# turn a slow success into a failure.
+WAIT = 60.0
+
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
     """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
@@ -57,7 +62,7 @@ class WorkerHarness:
             self.wait_registered(proc)
         return proc
 
-    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = WAIT) -> None:
         def registered() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"worker {proc.pid} exited with {proc.returncode} before registering:\n"

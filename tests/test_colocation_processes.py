@@ -21,7 +21,7 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import bank
-from tests.harness import WorkerHarness, wait_for
+from tests.harness import WAIT, WorkerHarness, wait_for
 
 TARGET = "tests.apps.bank:app"
 ACCOUNTS, OPENING = 20, 1000
@@ -200,7 +200,7 @@ def test_step_failing_after_its_writes_leaves_no_trace(h: Harness) -> None:
     marker = h.tmp_path / "failed-once"
     proc = h.spawn("-c", "2")
     handle = h.client.enqueue(h.wf.flaky_deposit, "dep-1", 3, 250, str(marker), workflow_id="dep-1")
-    assert handle.result(timeout=20) == OPENING + 250  # not + 500: the first try's UPDATE was rolled back
+    assert handle.result(timeout=WAIT) == OPENING + 250  # not + 500: the first try's UPDATE was rolled back
 
     first_pid, first_balance = marker.read_text().split()
     assert int(first_pid) == proc.pid  # the first try ran in the worker process, wrote, saw its write, failed
@@ -228,7 +228,7 @@ def test_worker_paused_inside_its_transaction_loses_its_locks_and_cannot_commit(
     # The step writes, then (first time only) pauses 4 s, running SELECT 1 every 50 ms: unpaused, it commits.
     h.client.enqueue(h.wf.slow_deposit, wid, 7, 500, str(marker), 4.0, workflow_id=wid)
     # the marker is created, then written: wait for its content, not just for the file
-    wait_for(lambda: marker.exists() and marker.read_text().strip() != "", 15,
+    wait_for(lambda: marker.exists() and marker.read_text().strip() != "", WAIT,
              "the step to write and begin its pause", interval=0.002)
     assert int(marker.read_text()) == zombie.pid
 
@@ -269,14 +269,14 @@ def test_worker_paused_inside_its_transaction_loses_its_locks_and_cannot_commit(
         assert len(blocked) == 1, "the successor's step should have waited for the zombie's row lock"
 
         # Once the lock is free, the successor's step commits.
-        h.wait_status(wid, {"succeeded"}, timeout=20)
+        h.wait_status(wid, {"succeeded"}, timeout=WAIT)
         assert h.execution(wid)["attempt"] == 2
     finally:
         zombie.send_signal(signal.SIGCONT)
 
     # The zombie wakes inside the step: its session is gone, and it learns it lost the lease. It must
     # neither commit nor run the step again.
-    wait_for(lambda: "no longer owned" in h.log(zombie), 15, "the zombie to stop its attempt")
+    wait_for(lambda: "no longer owned" in h.log(zombie), WAIT, "the zombie to stop its attempt")
     time.sleep(0.5)  # nothing may change after it woke up
 
     execution = h.execution(wid)

@@ -18,6 +18,7 @@ import pytest
 
 import pgdurable
 from pgdurable.dashboard import create_app
+from tests.harness import WAIT
 
 from .dashboard_harness import browser, chromium_available, running
 from .harness import wait_for
@@ -76,7 +77,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         return post(pack(pick(order)))
 
     start_worker(app)
-    app.enqueue(fulfil, 7, workflow_id="order-7").result(timeout=10)
+    app.enqueue(fulfil, 7, workflow_id="order-7").result(timeout=WAIT)
     app.enqueue(fulfil, 8, workflow_id="order-8", delay=3600)  # waiting for its delayed start: to cancel
     # Hostile strings must stay text in a real browser too (the CSP would also stop them).
     app.enqueue("<img src=x onerror=\"window.__xss=1\">", workflow_id="<script>window.__xss=2</script>",
@@ -110,7 +111,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         page.wait_for_selector(".notice >> text=Forked")
         forked_id = page.locator(".wf-id").inner_text()
         assert forked_id != "order-7"
-        assert app.handle(forked_id).result(timeout=10) == "parcel of 2"
+        assert app.handle(forked_id).result(timeout=WAIT) == "parcel of 2"
         page.wait_for_selector(".wf-head .badge.st-succeeded")  # the page follows it live
         assert page.locator("dt:text-is('forked from') + dd a").inner_text() == "order-7"
         page.click("#step-0 summary")
@@ -160,13 +161,13 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
 
     start_worker(app)
     handle = app.enqueue(waits, workflow_id="live-1")
-    wait_for(lambda: handle.status() == "running", 10, "the workflow to start")
+    wait_for(lambda: handle.status() == "running", WAIT, "the workflow to start")
     with running(create_app(app)) as base:
         page.goto(f"{base}/workflow?id=live-1")
         assert page.locator(".wf-head .badge").inner_text() == "running"
         page.evaluate("window.__same_document = true")
         release.set()
-        handle.result(timeout=10)
+        handle.result(timeout=WAIT)
         page.wait_for_selector(".wf-head .badge.st-succeeded", timeout=8000)
         assert page.evaluate("window.__same_document") is True  # updated in place, not reloaded
         assert page.locator(".step .step-name").all_inner_texts() == ["slow"]
@@ -176,7 +177,7 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
         app.enqueue(waits, workflow_id="live-2", delay=3600)  # a delayed start: counted as waiting
         waiting = page.locator(".card", has=page.locator(".badge.st-waiting")).locator(".card-value")
         # (polled from Python: the CSP forbids the eval that page.wait_for_function would need)
-        wait_for(lambda: waiting.inner_text().strip() == "1", 12, "the overview to count the new execution")
+        wait_for(lambda: waiting.inner_text().strip() == "1", WAIT, "the overview to count the new execution")
 
 
 def test_a_phone_sized_screen(app: pgdurable.App, chromium: Any) -> None:

@@ -21,7 +21,7 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import crashy
-from tests.harness import WorkerHarness, wait_for
+from tests.harness import WAIT, WorkerHarness, wait_for
 
 TARGET = "tests.apps.crashy:app"
 
@@ -143,7 +143,7 @@ def test_several_workers_never_run_one_execution_at_once(h: Harness) -> None:
 def test_sigkilled_worker_work_resumes_without_rerunning_recorded_steps(h: Harness) -> None:
     first = h.spawn("-c", "8")
     ids = [h.client.enqueue(h.wf.chain, steps=8, seconds=0.15).workflow_id for _ in range(6)]
-    wait_for(lambda: h.scalar("SELECT count(*) FROM operation_outputs") >= 12, 15, "some recorded steps")
+    wait_for(lambda: h.scalar("SELECT count(*) FROM operation_outputs") >= 12, WAIT, "some recorded steps")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=5)
     assert first.returncode == -signal.SIGKILL
@@ -187,7 +187,7 @@ def test_sigkilled_worker_work_resumes_without_rerunning_recorded_steps(h: Harne
 def test_paused_worker_taken_over_cannot_write_after_resuming(h: Harness) -> None:
     zombie = h.spawn("-c", "2")
     wid = h.client.enqueue(h.wf.chain, steps=6, seconds=0.5).workflow_id
-    wait_for(lambda: h.runs(wid, "s2", "begin"), 15, "step s2 to begin", interval=0.005)
+    wait_for(lambda: h.runs(wid, "s2", "begin"), WAIT, "step s2 to begin", interval=0.005)
     zombie.send_signal(signal.SIGSTOP)
     try:
         assert not h.runs(wid, "s2"), "the zombie should be paused in the middle of step s2"
@@ -203,9 +203,9 @@ def test_paused_worker_taken_over_cannot_write_after_resuming(h: Harness) -> Non
         zombie.send_signal(signal.SIGCONT)
 
     # The zombie wakes up in step s2, finishes it, and is refused when it tries to record it.
-    wait_for(lambda: "no longer owned" in h.log(zombie), 10, "the zombie to notice it lost the lease")
+    wait_for(lambda: "no longer owned" in h.log(zombie), WAIT, "the zombie to notice it lost the lease")
     assert [e.pid for e in h.runs(wid, "s2") if e.pid == zombie.pid] == [zombie.pid]
-    h.wait_status(wid, {"succeeded"}, timeout=15)
+    h.wait_status(wid, {"succeeded"}, timeout=WAIT)
 
     execution = h.execution(wid)
     assert execution["attempt"] == 2
@@ -229,7 +229,7 @@ def test_paused_worker_taken_over_cannot_write_after_resuming(h: Harness) -> Non
 def test_sigterm_releases_running_work_which_resumes_from_checkpoints(h: Harness) -> None:
     first = h.spawn("-c", "2")  # shutdown grace 1 s
     wid = h.client.enqueue(h.wf.chain, steps=3, seconds=0.05, long_step=1, long_seconds=5.0).workflow_id
-    begun = wait_for(lambda: h.runs(wid, "s1", "begin"), 15, "the long step to begin")
+    begun = wait_for(lambda: h.runs(wid, "s1", "begin"), WAIT, "the long step to begin")
     first.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     first.wait(timeout=10)
@@ -247,7 +247,7 @@ def test_sigterm_releases_running_work_which_resumes_from_checkpoints(h: Harness
     assert h.runs(wid, "s1") == []  # the long step was interrupted, not finished
 
     second = h.spawn("-c", "2")
-    h.wait_status(wid, {"succeeded"}, timeout=15)
+    h.wait_status(wid, {"succeeded"}, timeout=WAIT)
     execution = h.execution(wid)
     assert execution["attempt"] == 2 and execution["recoveries"] == 0
     assert execution["output"]["step_pids"] == [first.pid, second.pid, second.pid]
@@ -261,9 +261,9 @@ def test_sigterm_releases_running_work_which_resumes_from_checkpoints(h: Harness
 def test_second_stop_signal_exits_at_once(h: Harness, second_signal: signal.Signals) -> None:
     proc = h.spawn("-c", "2", CRASHY_GRACE="30")
     wid = h.client.enqueue(h.wf.chain, steps=2, seconds=0.0, long_step=0, long_seconds=10.0).workflow_id
-    wait_for(lambda: h.runs(wid, "s0", "begin"), 15, "the long step to begin")
+    wait_for(lambda: h.runs(wid, "s0", "begin"), WAIT, "the long step to begin")
     proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "stopping (grace 30s)" in h.log(proc), 5, "the first signal to be handled")
+    wait_for(lambda: "stopping (grace 30s)" in h.log(proc), WAIT, "the first signal to be handled")
     time.sleep(0.3)
     assert proc.poll() is None, "the first signal waits for the grace period"
     proc.send_signal(second_signal)
@@ -304,14 +304,14 @@ def test_execution_that_kills_its_worker_is_dead_lettered(h: Harness) -> None:
     assert len(h.runs(wid, "before")) == 1  # recorded once, replayed by the later attempts
     assert h.steps(wid) == [(0, "crashy.work", 1)]
     with pytest.raises(pgdurable.WorkflowFailed) as failed:
-        h.client.handle(wid).result(timeout=5)
+        h.client.handle(wid).result(timeout=WAIT)
     assert failed.value.type == "pgdurable.DeadLettered"
 
     # The surviving worker no longer picks the dead letter up and still does other work.
     assert proc is not None
     h.wait_registered(proc)
     other = h.client.enqueue(h.wf.chain, steps=1).workflow_id
-    h.wait_status(other, {"succeeded"}, timeout=10)
+    h.wait_status(other, {"succeeded"}, timeout=WAIT)
     assert proc.poll() is None
     assert h.execution(wid)["attempt"] == 3
 
@@ -326,10 +326,10 @@ def test_unknown_workflow_is_not_claimed_and_is_failed_after_grace(h: Harness) -
     assert "knows workflow crashy.no_such_workflow" in listed[0][3]
 
     known = h.client.enqueue(h.wf.chain, steps=2).workflow_id
-    h.wait_status(known, {"succeeded"}, timeout=10)
+    h.wait_status(known, {"succeeded"}, timeout=WAIT)
     assert h.status(unknown) == "enqueued"
 
-    h.wait_status(unknown, {"failed"}, timeout=10)
+    h.wait_status(unknown, {"failed"}, timeout=WAIT)
     execution = h.execution(unknown)
     assert execution["error"]["type"] == "pgdurable.UnknownWorkflow"
     assert "crashy.no_such_workflow" in execution["error"]["message"]
@@ -339,7 +339,7 @@ def test_unknown_workflow_is_not_claimed_and_is_failed_after_grace(h: Harness) -
 
     # Same process, still serving.
     after = h.client.enqueue(h.wf.chain, steps=1).workflow_id
-    h.wait_status(after, {"succeeded"}, timeout=10)
+    h.wait_status(after, {"succeeded"}, timeout=WAIT)
     assert h.execution(after)["output"]["pid"] == proc.pid
     assert proc.poll() is None
     assert "Traceback" not in h.log(proc)

@@ -30,7 +30,7 @@ from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
 from pgdurable.scheduler import fire_due
 from pgdurable.sqlfiles import migrations
-from tests.harness import wait_for
+from tests.harness import WAIT, wait_for
 
 PARIS = "Europe/Paris"
 
@@ -190,11 +190,11 @@ def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App
 def test_worker_processes_fire_each_tick_once_even_when_one_is_killed(
         spawn_worker: Callable[..., subprocess.Popen[bytes]], db: psycopg.Connection[Any]) -> None:
     procs = [spawn_worker("tests.apps.scheduled:app", "-c", "4") for _ in range(3)]
-    wait_for(lambda: len(_ticks(db, "every-second")) >= 3, 30, "three ticks from the worker processes")
+    wait_for(lambda: len(_ticks(db, "every-second")) >= 3, WAIT, "three ticks from the worker processes")
     procs[0].send_signal(signal.SIGKILL)  # mid-whatever: firing, running, idle
     procs[0].wait()
     seen = len(_ticks(db, "every-second"))
-    wait_for(lambda: len(_ticks(db, "every-second")) >= seen + 3, 20, "three more ticks after the kill")
+    wait_for(lambda: len(_ticks(db, "every-second")) >= seen + 3, WAIT, "three more ticks after the kill")
     # Whatever the killed worker held is swept back after its lease and finishes on a survivor.
     wait_for(lambda: db.execute("SELECT count(*) FROM workflow_executions WHERE status <> 'succeeded' "
                                 "AND created_at < now() - interval '1 second'").fetchone()[0] == 0,  # type: ignore[index]
@@ -291,7 +291,7 @@ def test_catch_up_after_downtime_skip_versus_all(app: pgdurable.App, db: psycopg
                "WHERE name = 'secondly-all'")
     with caplog.at_level(logging.WARNING, logger="pgdurable.schedules"):
         start_worker(app)
-        wait_for(lambda: db.execute("SELECT bool_and(next_fire_at > now()) FROM schedules").fetchone()[0], 20,
+        wait_for(lambda: db.execute("SELECT bool_and(next_fire_at > now()) FROM schedules").fetchone()[0], WAIT,
                  "every schedule to catch up")  # type: ignore[index]
     fired_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
 
@@ -314,7 +314,7 @@ def test_pause_and_resume(app: pgdurable.App, db: psycopg.Connection[Any],
 
     app.schedule("beat", beat, "* * * * * *")
     start_worker(app)
-    wait_for(lambda: len(_ticks(db, "beat")) >= 2, 15, "two ticks")
+    wait_for(lambda: len(_ticks(db, "beat")) >= 2, WAIT, "two ticks")
     assert app.pause_schedule("beat")
     paused_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     before = _ticks(db, "beat")
@@ -324,7 +324,7 @@ def test_pause_and_resume(app: pgdurable.App, db: psycopg.Connection[Any],
 
     assert app.resume_schedule("beat")
     resumed_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-    wait_for(lambda: len(_ticks(db, "beat")) >= len(before) + 2, 15, "two ticks after resuming")
+    wait_for(lambda: len(_ticks(db, "beat")) >= len(before) + 2, WAIT, "two ticks after resuming")
     after = [t for t in _ticks(db, "beat") if t not in before]
     assert after[0] > resumed_at - timedelta(seconds=1)  # the ticks missed while paused did not fire
     assert not [t for t in after if paused_at < t < resumed_at - timedelta(seconds=1)]
@@ -350,7 +350,7 @@ def test_a_row_edited_into_garbage_is_paused_and_the_worker_keeps_working(
                "'{\"n\": 4}')")
     with caplog.at_level(logging.WARNING, logger="pgdurable.schedules"):
         start_worker(app)
-        wait_for(lambda: db.execute("SELECT count(*) FROM schedules WHERE paused").fetchone()[0] == 2, 15,
+        wait_for(lambda: db.execute("SELECT count(*) FROM schedules WHERE paused").fetchone()[0] == 2, WAIT,
                  "both invalid schedules to be paused")  # type: ignore[index]
     errors = dict(db.execute("SELECT name, last_error FROM schedules WHERE paused"))
     assert "invalid cron expression 'every full moon'" in errors["bad-cron"]
@@ -359,9 +359,9 @@ def test_a_row_edited_into_garbage_is_paused_and_the_worker_keeps_working(
 
     # The worker goes on: the good schedule keeps firing, enqueued work runs.
     seen = len(_ticks(db, "good"))
-    assert app.enqueue(job, 21).result(timeout=15) == 42
-    wait_for(lambda: len(_ticks(db, "good")) >= seen + 2, 15, "the good schedule to keep firing")
-    wait_for(lambda: _ticks(db, "by-sql"), 15, "the schedule inserted by SQL to fire")
+    assert app.enqueue(job, 21).result(timeout=WAIT) == 42
+    wait_for(lambda: len(_ticks(db, "good")) >= seen + 2, WAIT, "the good schedule to keep firing")
+    wait_for(lambda: _ticks(db, "by-sql"), WAIT, "the schedule inserted by SQL to fire")
     assert not _ticks(db, "bad-cron") and not _ticks(db, "bad-zone")
 
     # It cannot be resumed as it is; redefining it with a valid expression brings it back.
@@ -369,7 +369,7 @@ def test_a_row_edited_into_garbage_is_paused_and_the_worker_keeps_working(
         app.resume_schedule("bad-cron")
     fixed = app.schedule("bad-cron", job, "* * * * * *", args={"n": 2})
     assert not fixed.paused and fixed.last_error is None
-    wait_for(lambda: _ticks(db, "bad-cron"), 15, "the redefined schedule to fire")
+    wait_for(lambda: _ticks(db, "bad-cron"), WAIT, "the redefined schedule to fire")
 
 
 def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, db: psycopg.Connection[Any],
@@ -383,7 +383,7 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
         app.scheduled("0 7 * * *", args={"year_end": False})(new_year)
     assert app.list_schedules() == []  # declared only: stored by a worker
     worker = start_worker(app)
-    stored = wait_for(lambda: app.get_schedule("new_year"), 15, "the worker to store the declared schedule")
+    stored = wait_for(lambda: app.get_schedule("new_year"), WAIT, "the worker to store the declared schedule")
     assert (stored.cron, stored.timezone, stored.args, stored.pass_scheduled_at) == (
         "0 6 1 1 *", PARIS, {"year_end": True}, True)
     assert stored.next_fire_at.astimezone(ZoneInfo(PARIS)).strftime("%m-%d %H:%M") == "01-01 06:00"
@@ -393,7 +393,7 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
     assert app.pause_schedule("new_year")
     paused = app.get_schedule("new_year")
     worker = start_worker(app)
-    wait_for(lambda: worker.worker._scheduler is not None and worker.worker._scheduler._declared, 15,
+    wait_for(lambda: worker.worker._scheduler is not None and worker.worker._scheduler._declared, WAIT,
              "the restarted worker to declare its schedules")
     worker.stop()
     assert app.get_schedule("new_year") == paused
@@ -411,7 +411,7 @@ def test_a_new_schedule_wakes_running_workers(make_app: Callable[..., pgdurable.
     start_worker(app)
     time.sleep(1.0)
     created = app.schedule("soon", "elsewhere.workflow", "* * * * * *", queue="nobody")
-    wait_for(lambda: _ticks(db, "soon"), 10, "the first tick of a schedule created while workers sleep")
+    wait_for(lambda: _ticks(db, "soon"), WAIT, "the first tick of a schedule created while workers sleep")
     assert created.next_fire_at is not None and _ticks(db, "soon")[0] == created.next_fire_at
 
 
