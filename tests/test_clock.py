@@ -43,7 +43,7 @@ def skewed_workers(database_url: str, schema: str, tmp_path: Path) -> Iterator[C
         proc.terminate()
     for proc in procs:
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
 

@@ -241,7 +241,7 @@ def test_psql_can_enqueue(app: pgdurable.App, database_url: str, start_worker: C
     statement = (f"BEGIN; SELECT {app.schema}.enqueue_workflow('greet', '{{\"name\": \"psql\"}}', "
                  "workflow_id => 'from-psql'); COMMIT;")
     done = subprocess.run(["psql", database_url, "-v", "ON_ERROR_STOP=1", "-qAtc", statement],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "from-psql"
     assert app.handle("from-psql").result(timeout=WAIT) == "hello psql"

@@ -142,7 +142,7 @@ def test_transfers_apply_exactly_once_while_workers_are_killed_at_random(h: Harn
         in_flight += int(h.scalar("SELECT count(*) FROM workflow_executions WHERE status = 'running' "
                                   "AND split_part(owner_id, ':', 2) = %s", (str(victim.pid),)))
         victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=10)
+        victim.wait(timeout=WAIT)
         assert victim.returncode == -signal.SIGKILL, h.log(victim)
         kills += 1
         victims.append(victim.pid)

@@ -168,7 +168,7 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
         page.evaluate("window.__same_document = true")
         release.set()
         handle.result(timeout=WAIT)
-        page.wait_for_selector(".wf-head .badge.st-succeeded", timeout=8000)
+        page.wait_for_selector(".wf-head .badge.st-succeeded", timeout=WAIT * 1000)
         assert page.evaluate("window.__same_document") is True  # updated in place, not reloaded
         assert page.locator(".step .step-name").all_inner_texts() == ["slow"]
         assert page.locator("#live .live-text").inner_text() == "finished"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -140,7 +139,14 @@ def test_a_lost_attempt_ending_late_leaves_the_new_attempt_of_the_same_worker_al
     gates[0].set()  # the first attempt ends: its checkpoint is refused, it stops
     worker = runner.worker
     wait_for(lambda: worker.busy_threads == 1, WAIT, "the first attempt to stop")
-    time.sleep(FAST["lease_seconds"] * 1.5)  # the second attempt's lease must have been renewed meanwhile
+    # The second attempt's lease must go on being renewed after the first attempt stopped: see it renewed
+    # twice (a heartbeat, then another), so the first attempt's end did not stop its heartbeat.
+    lease = handle.get().lease_expires
+    assert lease is not None
+    renewed = wait_for(lambda: (e := handle.get().lease_expires) is not None and e > lease and e, WAIT,
+                       "the second attempt's lease to be renewed")
+    wait_for(lambda: (e := handle.get().lease_expires) is not None and e > renewed, WAIT,
+             "the second attempt's lease to be renewed again")
     assert handle.workflow_id in worker.running
     assert handle.get().attempt == 2 and handle.status() == "running"
     gates[1].set()

@@ -198,11 +198,11 @@ def test_worker_processes_fire_each_tick_once_even_when_one_is_killed(
     # Whatever the killed worker held is swept back after its lease and finishes on a survivor.
     wait_for(lambda: db.execute("SELECT count(*) FROM workflow_executions WHERE status <> 'succeeded' "
                                 "AND created_at < now() - interval '1 second'").fetchone()[0] == 0,  # type: ignore[index]
-             20, "the killed worker's executions to finish elsewhere")
+             WAIT, "the killed worker's executions to finish elsewhere")
     for proc in procs[1:]:
         proc.send_signal(signal.SIGTERM)
     for proc in procs[1:]:
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=WAIT) == 0
 
     row = db.execute("SELECT workflow_name, cron, catch_up, paused FROM schedules WHERE name = 'every-second'")
     assert row.fetchone() == ("scheduled.tick", "* * * * * *", "all", False)  # declared by the decorator

@@ -70,7 +70,7 @@ def test_prometheus_metrics_count_workflows_steps_claims_and_queue_depth(
 
     port = free_port()
     metrics.serve(port)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT).read().decode()
     assert 'pgdurable_workflows_started_total{workflow="good"} 3.0' in body
     assert "pgdurable_claim_seconds_bucket" in body
 
