@@ -149,9 +149,11 @@ def test_invalid_definitions_are_rejected_at_creation(app: pgdurable.App, db: ps
 
 # -- firing -----------------------------------------------------------------------------------------------
 
-def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App, db: psycopg.Connection[Any],
-                                                              schema: str,
+def test_every_second_fires_each_tick_once_with_three_workers(make_app: Callable[..., pgdurable.App],
+                                                              db: psycopg.Connection[Any], schema: str,
                                                               start_worker: Callable[..., Any]) -> None:
+    # Workers that poll only hourly: every tick that fires was fired by the scheduler's own timer.
+    app = make_app(poll_seconds=3600.0)
     db.execute("CREATE TABLE effects (tick timestamptz NOT NULL, worker_pid int)")  # no unique key on purpose
 
     @app.transaction()
@@ -166,7 +168,7 @@ def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App
     app.schedule("per-second", every_second, "* * * * * *", args={"label": "x"})
     workers = [start_worker(app) for _ in range(3)]
     wait_for(lambda: db.execute("SELECT count(*) FROM workflow_executions WHERE status = 'succeeded'")
-             .fetchone()[0] >= 6, 20, "six ticks to run")  # type: ignore[index]
+             .fetchone()[0] >= 6, WAIT, "six ticks to run")  # type: ignore[index]
     for worker in workers:
         worker.stop()
 
@@ -184,7 +186,9 @@ def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App
     logging.getLogger("tests").info("tick lateness: median %.1f ms, max %.1f ms",
                                     statistics.median(lateness) * 1000, max(lateness) * 1000)
     assert min(lateness) >= 0  # never early
-    assert statistics.median(lateness) < 0.5  # tens of ms in practice; generous for a loaded machine
+    # Tens of ms in practice. The bound is the period: a tick is typically fired before the next one is due,
+    # which leaves a loaded machine ample room.
+    assert statistics.median(lateness) < 1.0
 
 
 def test_worker_processes_fire_each_tick_once_even_when_one_is_killed(
@@ -214,7 +218,7 @@ def test_worker_processes_fire_each_tick_once_even_when_one_is_killed(
     lateness = [row[0] for row in db.execute(
         "SELECT extract(epoch FROM created_at) - extract(epoch FROM (input ->> 'scheduled_at')::timestamptz) "
         "FROM workflow_executions ORDER BY id")][1:]  # the first tick may predate the workers' start
-    assert min(lateness) >= 0 and statistics.median(lateness) < 0.5  # never early, on time (generously)
+    assert min(lateness) >= 0 and statistics.median(lateness) < 1.0  # never early; on time (within the period)
 
 
 async def test_concurrent_firing_transactions_never_double_a_tick(app: pgdurable.App, db: psycopg.Connection[Any],
@@ -259,8 +263,9 @@ async def test_concurrent_firing_transactions_never_double_a_tick(app: pgdurable
         fired: list[str] = []
 
         async def race(conn: psycopg.AsyncConnection[Any]) -> None:
-            deadline = time.monotonic() + 2.5
-            while time.monotonic() < deadline:
+            deadline = time.monotonic() + WAIT
+            while len(fired) < 3:  # a few ticks coming due while five firers race for each
+                assert time.monotonic() < deadline, f"only {len(fired)} ticks fired in {WAIT:.0f} s"
                 async with conn.transaction():
                     fired.extend((await fire_due(conn)).fired)
                 await asyncio.sleep(0.002)
@@ -268,7 +273,7 @@ async def test_concurrent_firing_transactions_never_double_a_tick(app: pgdurable
         await asyncio.gather(*(race(conn) for conn in firers))
         for conn in firers:
             await conn.close()
-        assert len(fired) >= 2 and len(fired) == len(set(fired))
+        assert len(fired) >= 3 and len(fired) == len(set(fired))
     finally:
         for conn in (first, second, third, admin):
             await conn.close()
@@ -313,12 +318,15 @@ def test_pause_and_resume(app: pgdurable.App, db: psycopg.Connection[Any],
         pass
 
     app.schedule("beat", beat, "* * * * * *")
+    app.schedule("witness", beat, "* * * * * *")  # never paused: shows the passes that would have fired "beat"
     start_worker(app)
     wait_for(lambda: len(_ticks(db, "beat")) >= 2, WAIT, "two ticks")
     assert app.pause_schedule("beat")
     paused_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     before = _ticks(db, "beat")
-    time.sleep(2.2)
+    # Two ticks of the witness due after the pause: passes that found "beat" due too (without the pause)
+    wait_for(lambda: len([t for t in _ticks(db, "witness") if t > paused_at]) >= 2, WAIT,
+             "two witness ticks after the pause")
     assert _ticks(db, "beat") == before  # a pause commits after any pass holding the row: nothing fires after
     assert app.get_schedule("beat").paused  # type: ignore[union-attr]
 
@@ -329,6 +337,7 @@ def test_pause_and_resume(app: pgdurable.App, db: psycopg.Connection[Any],
     assert after[0] > resumed_at - timedelta(seconds=1)  # the ticks missed while paused did not fire
     assert not [t for t in after if paused_at < t < resumed_at - timedelta(seconds=1)]
     assert not app.pause_schedule("nope") and not app.resume_schedule("nope")
+    assert app.unschedule("witness")
     assert app.unschedule("beat") and not app.unschedule("beat")
     assert app.list_schedules() == []
 
@@ -406,10 +415,11 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
 
 def test_a_new_schedule_wakes_running_workers(make_app: Callable[..., pgdurable.App], db: psycopg.Connection[Any],
                                               start_worker: Callable[..., Any]) -> None:
-    app = make_app(poll_seconds=60.0)  # without the NOTIFY, the workers would look a minute later
-    start_worker(app)
-    start_worker(app)
-    time.sleep(1.0)
+    app = make_app(poll_seconds=3600.0)  # without the NOTIFY, the workers would look an hour later
+    workers = [start_worker(app), start_worker(app)]
+    # each scheduler has made its first pass (it declares first): from then on it sleeps, found nothing due
+    wait_for(lambda: all(w.worker._scheduler is not None and w.worker._scheduler._declared for w in workers), WAIT,
+             "both schedulers to start")
     created = app.schedule("soon", "elsewhere.workflow", "* * * * * *", queue="nobody")
     wait_for(lambda: _ticks(db, "soon"), WAIT, "the first tick of a schedule created while workers sleep")
     assert created.next_fire_at is not None and _ticks(db, "soon")[0] == created.next_fire_at
