@@ -24,9 +24,8 @@ from pgdurable.cli import cli
 from pgdurable.dashboard import create_app, views
 from pgdurable.dashboard.serve import LOOPBACK_HOSTS, DashboardOptionsError, check_options
 from pgdurable.sqlfiles import query
-from tests.harness import WAIT
 
-from .harness import execution, wait_for
+from .harness import WAIT, execution, wait_for
 
 with warnings.catch_warnings():  # starlette asks for the httpx2 fork; plain httpx works the same
     warnings.simplefilter("ignore")

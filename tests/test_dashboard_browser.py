@@ -18,10 +18,9 @@ import pytest
 
 import pgdurable
 from pgdurable.dashboard import create_app
-from tests.harness import WAIT
 
 from .dashboard_harness import browser, chromium_available, running
-from .harness import wait_for
+from .harness import WAIT, wait_for
 
 REQUIRED = bool(os.environ.get("PGDURABLE_REQUIRE_BROWSER"))
 MISSING = [what for what, present in [("chromium", chromium_available()),
@@ -49,7 +48,7 @@ def chromium() -> Iterator[Any]:
 def page(chromium: Any) -> Iterator[Any]:
     context = chromium.new_context(viewport={"width": 1280, "height": 900})
     tab = context.new_page()
-    tab.set_default_timeout(10_000)
+    tab.set_default_timeout(WAIT * 1000)
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
     tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
@@ -120,10 +119,12 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         page.goto(f"{base}/workflow?id=order-8")
         assert page.locator(".wf-head .badge").inner_text() == "waiting"
         assert page.locator("dt:text-is('waiting for') + dd").inner_text() == "its delayed start"
-        # Dismissing the confirmation changes nothing; accepting it cancels.
+        # Dismissing the confirmation changes nothing; accepting it cancels. (Every cancel request the page
+        # makes is counted: after the accepted one, exactly one shows that the dismissed one sent nothing.)
+        cancels: list[str] = []
+        page.on("request", lambda r: cancels.append(r.url) if r.url.endswith("/workflow/cancel") else None)
         page.once("dialog", lambda dialog: dialog.dismiss())
         page.click("#cancel-button")
-        page.wait_for_timeout(300)
         assert app.get("order-8").status == "waiting"  # type: ignore[union-attr]
         questions: list[str] = []
 
@@ -135,6 +136,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         page.click("#cancel-button")
         page.wait_for_selector(".notice >> text=Cancelled.")
         assert questions and questions[0].startswith("Cancel execution order-8?")
+        assert len(cancels) == 1, cancels  # only the accepted confirmation sent a request
         assert page.locator(".wf-head .badge").inner_text() == "cancelled"
         assert app.get("order-8").status == "cancelled"  # type: ignore[union-attr]
         assert page.locator("#cancel-button").count() == 0
@@ -152,7 +154,7 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
 
     @app.step()
     def slow() -> str:
-        release.wait(20)
+        release.wait(WAIT)
         return "done"
 
     @app.workflow()
