@@ -34,6 +34,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def wait_listening(app: pgdurable.App, workers: int = 1) -> None:
+    """Wait until ``workers`` workers of ``app``'s schema have committed their LISTEN: a test that proves a
+    NOTIFY wakes a worker (with hourly polls) enqueues only then, so that what wakes the worker is that NOTIFY,
+    not the one look it takes when it starts listening."""
+    statement = f'LISTEN "{app.schema}_work";%'
+    with psycopg.connect(app.db.conninfo, autocommit=True) as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND state = 'idle'",
+                                      (statement,)).fetchone() == (workers,),
+                 WAIT, f"{workers} worker(s) to listen")
+
+
 def execution(app: pgdurable.App, workflow_id: str) -> Any:
     """The execution's row (store.Execution); fails the test if there is none."""
     found = app.get(workflow_id)

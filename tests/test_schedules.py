@@ -30,7 +30,7 @@ from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
 from pgdurable.scheduler import fire_due
 from pgdurable.sqlfiles import migrations
-from tests.harness import WAIT, wait_for
+from tests.harness import WAIT, wait_for, wait_listening
 
 PARIS = "Europe/Paris"
 
@@ -167,6 +167,7 @@ def test_every_second_fires_each_tick_once_with_three_workers(make_app: Callable
 
     app.schedule("per-second", every_second, "* * * * * *", args={"label": "x"})
     workers = [start_worker(app) for _ in range(3)]
+    wait_listening(app, 3)  # (the ticks' executions are claimed on their NOTIFY)
     wait_for(lambda: db.execute("SELECT count(*) FROM workflow_executions WHERE status = 'succeeded'")
              .fetchone()[0] >= 6, WAIT, "six ticks to run")  # type: ignore[index]
     for worker in workers:
@@ -420,6 +421,7 @@ def test_a_new_schedule_wakes_running_workers(make_app: Callable[..., pgdurable.
     # each scheduler has made its first pass (it declares first): from then on it sleeps, found nothing due
     wait_for(lambda: all(w.worker._scheduler is not None and w.worker._scheduler._declared for w in workers), WAIT,
              "both schedulers to start")
+    wait_listening(app, 2)
     created = app.schedule("soon", "elsewhere.workflow", "* * * * * *", queue="nobody")
     wait_for(lambda: _ticks(db, "soon"), WAIT, "the first tick of a schedule created while workers sleep")
     assert created.next_fire_at is not None and _ticks(db, "soon")[0] == created.next_fire_at

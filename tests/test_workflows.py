@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 import pgdurable
 from pgdurable import client
-from tests.harness import WAIT, wait_for
+from tests.harness import WAIT, wait_for, wait_listening
 
 
 def execute(app: pgdurable.App, statement: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -289,7 +289,8 @@ def test_result_waits_are_woken_by_notify(make_app: Callable[..., pgdurable.App]
     def quick() -> str:
         return "done"
 
-    start_worker(app)  # an enqueue before it listens is caught up when it starts listening
+    start_worker(app)
+    wait_listening(app)
     assert app.enqueue(quick).result(timeout=WAIT) == "done"
 
 
