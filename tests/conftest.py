@@ -86,7 +86,7 @@ class ThreadWorker:
 
     def stop(self) -> None:
         self.worker.stop_threadsafe()
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=60)  # generous: a loaded machine (see WAIT in tests/harness.py)
         assert not self.thread.is_alive(), "worker did not stop"
 
 

@@ -35,7 +35,7 @@ def running(asgi_app: Any) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(asgi_app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60  # generous: a loaded machine; returns as soon as it is up
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the dashboard server did not start")

@@ -16,6 +16,11 @@ from psycopg import sql
 
 import pgdurable
 
+# How long a test waits for something that must happen. Generous on purpose: every wait returns as soon as its
+# condition holds, so only a failing test waits this long, and a loaded machine (CI beside other work) must not
+# turn a slow success into a failure.
+WAIT = 60.0
+
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
     """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
@@ -27,6 +32,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_listening(app: pgdurable.App, workers: int = 1) -> None:
+    """Wait until ``workers`` workers of ``app``'s schema have committed their LISTEN: a test that proves a
+    NOTIFY wakes a worker (with hourly polls) enqueues only then, so that what wakes the worker is that NOTIFY,
+    not the one look it takes when it starts listening."""
+    statement = f'LISTEN "{app.schema}_work";%'
+    with psycopg.connect(app.db.conninfo, autocommit=True) as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND state = 'idle'",
+                                      (statement,)).fetchone() == (workers,),
+                 WAIT, f"{workers} worker(s) to listen")
 
 
 def execution(app: pgdurable.App, workflow_id: str) -> Any:
@@ -57,7 +73,7 @@ class WorkerHarness:
             self.wait_registered(proc)
         return proc
 
-    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    def wait_registered(self, proc: subprocess.Popen[bytes], timeout: float = WAIT) -> None:
         def registered() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"worker {proc.pid} exited with {proc.returncode} before registering:\n"

@@ -10,6 +10,7 @@ import pytest
 from psycopg import sql
 
 import pgdurable
+from tests.harness import WAIT
 
 HOSTILE = ["'; DROP TABLE workflow_executions; --", "Robert'); DELETE FROM operation_outputs;--", "\\x00\u202e",
            "💥" * 50, "a\nb\tc"]
@@ -51,14 +52,14 @@ def test_oversized_payloads_fail_clearly_and_the_worker_goes_on(
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed, match="exceeds the limit"):
-        app.enqueue(makes_a_huge_step_output, workflow_id="big-step").result(timeout=10)
+        app.enqueue(makes_a_huge_step_output, workflow_id="big-step").result(timeout=WAIT)
     assert app.steps("big-step")[0].error is not None  # recorded as the step's error: replay agrees
     with pytest.raises(pgdurable.WorkflowFailed, match="exceeds the limit"):
-        app.enqueue(returns_a_huge_result).result(timeout=10)
-    assert app.enqueue(takes, "fine").result(timeout=10) == 4  # the worker goes on
+        app.enqueue(returns_a_huge_result).result(timeout=WAIT)
+    assert app.enqueue(takes, "fine").result(timeout=WAIT) == 4  # the worker goes on
     # A bulk enqueue whose statement is bigger than the limit is fine when each payload is within it.
     handles = app.enqueue_many(takes, [("w" * 1000,) for _ in range(200)])
-    assert handles[-1].result(timeout=10) == 1000
+    assert handles[-1].result(timeout=WAIT) == 1000
 
 
 def test_a_50_mb_argument_is_refused_at_enqueue(app: pgdurable.App) -> None:
@@ -78,7 +79,7 @@ def test_hostile_strings_are_data_not_sql(app: pgdurable.App, start_worker: Call
     start_worker(app)
     for i, text in enumerate(HOSTILE):
         workflow_id = f"{text}-{i}"
-        assert app.enqueue(echo, text, workflow_id=workflow_id).result(timeout=10) == text
+        assert app.enqueue(echo, text, workflow_id=workflow_id).result(timeout=WAIT) == text
         assert app.get(workflow_id) is not None
     schema = sql.Identifier(app.schema)
     tables_sql = "SELECT array_agg(tablename ORDER BY tablename) FROM pg_tables WHERE schemaname = %s"
@@ -120,7 +121,7 @@ def _run_worker(url: str, *args: str) -> Any:
 
     return subprocess.run([sys.executable, "-m", "pgdurable", "worker", "tests.apps.crashy:app", *args],
                           env={**os.environ, "PGDURABLE_DATABASE_URL": url, "PYTHONPATH": CHILD_PYTHONPATH},
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=2 * WAIT)
 
 
 def test_a_worker_waits_for_a_database_that_is_down_then_says_so() -> None:
@@ -131,7 +132,7 @@ def test_a_worker_waits_for_a_database_that_is_down_then_says_so() -> None:
     assert done.returncode == 2
     assert "retrying in" in done.stderr  # it retried with backoff
     assert "did not answer within 3 s" in done.stdout
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 2 * WAIT  # it gave up (after 3 s of retries), it did not wait forever
 
 
 def test_a_worker_refuses_bad_credentials_at_once(database_url: str) -> None:

@@ -16,6 +16,7 @@ from psycopg import sql
 import pgdurable
 from tests.apps import crashy
 from tests.conftest import CHILD_PYTHONPATH, REPO
+from tests.harness import WAIT
 
 SKEW_DIR = REPO / "tests" / "clockskew"  # its sitecustomize shifts time.time() and datetime.now()
 
@@ -42,7 +43,7 @@ def skewed_workers(database_url: str, schema: str, tmp_path: Path) -> Iterator[C
         proc.terminate()
     for proc in procs:
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -58,8 +59,8 @@ def test_workers_with_skewed_clocks_keep_leases_and_delays(make_app: Callable[..
     skewed_workers(+3 * 3600)
     handles = [app.enqueue(flows.chain, 3, 0.05, 1, 3.0) for _ in range(6)]  # a 3 s step: longer than the lease
     delayed = app.enqueue(flows.chain, 1, 0.0, delay=2.0)
-    assert all(handle.result(timeout=60)["labels"] == ["s0", "s1", "s2"] for handle in handles)
-    assert delayed.result(timeout=60)["labels"] == ["s0"]
+    assert all(handle.result(timeout=WAIT)["labels"] == ["s0", "s1", "s2"] for handle in handles)
+    assert delayed.result(timeout=WAIT)["labels"] == ["s0"]
     with psycopg.connect(app.db.conninfo) as conn:
         rows = conn.execute(sql.SQL("SELECT id, attempt, recoveries, started_at - created_at "
                                     "FROM {}.workflow_executions").format(sql.Identifier(app.schema))).fetchall()

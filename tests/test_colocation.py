@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 import pgdurable
+from tests.harness import WAIT
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_transactional_step_commits_writes_and_checkpoint_together(
         app: pgdurable.App, bank: str, database_url: str, start_worker: Callable[..., Any]) -> None:
     transfer = register_transfer(app, bank)
     start_worker(app)
-    assert app.enqueue(transfer, "t1", "alice", "bob", 100, workflow_id="t1").result(timeout=10) == 900
+    assert app.enqueue(transfer, "t1", "alice", "bob", 100, workflow_id="t1").result(timeout=WAIT) == 900
     assert balances(database_url, bank) == {"alice": 900, "bob": 1100}
     step = app.steps("t1")[0]
     assert step.step_name == "move" and step.output == "900"
@@ -82,7 +83,7 @@ def test_transactional_step_commits_writes_and_checkpoint_together(
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("UPDATE {}.workflow_executions SET status = 'enqueued' WHERE id = 't1'").format(
             sql.Identifier(app.schema)))
-    assert app.handle("t1").result(timeout=10) == 900
+    assert app.handle("t1").result(timeout=WAIT) == 900
     assert balances(database_url, bank) == {"alice": 900, "bob": 1100}
     assert applied(database_url, bank) == {"t1": 1}
 
@@ -91,7 +92,7 @@ def test_a_step_failing_after_its_writes_leaves_no_trace(
         app: pgdurable.App, bank: str, database_url: str, start_worker: Callable[..., Any]) -> None:
     transfer = register_transfer(app, bank, fail_once={"t2"})
     start_worker(app)
-    assert app.enqueue(transfer, "t2", "alice", "bob", 50, workflow_id="t2").result(timeout=10) == 950
+    assert app.enqueue(transfer, "t2", "alice", "bob", 50, workflow_id="t2").result(timeout=WAIT) == 950
     assert balances(database_url, bank) == {"alice": 950, "bob": 1050}
     assert applied(database_url, bank) == {"t2": 1}  # the first attempt's writes were rolled back
     assert app.steps("t2")[0].attempts == 2
@@ -110,7 +111,7 @@ def test_a_failed_transactional_step_records_only_its_error(
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed, match="insufficient funds"):
-        app.enqueue(withdraw, 5000, workflow_id="w1").result(timeout=10)
+        app.enqueue(withdraw, 5000, workflow_id="w1").result(timeout=WAIT)
     assert balances(database_url, bank)["alice"] == 1000
     step = app.steps("w1")[0]
     assert step.output is None and step.error is not None and step.attempts == 2
@@ -134,7 +135,7 @@ def test_serializable_conflicts_are_retried(app: pgdurable.App, bank: str, datab
 
     start_worker(app, concurrency=8)
     handles = [app.enqueue(interest, account) for account in ["alice", "bob"] * 5]
-    totals = sorted(h.result(timeout=30) for h in handles)
+    totals = sorted(h.result(timeout=WAIT) for h in handles)
     # serializable: every run saw the effect of all runs before it, as if they ran one at a time
     expected, total = [], 2000
     for _ in range(10):
@@ -169,7 +170,7 @@ def test_enqueue_in_the_callers_transaction(app: pgdurable.App, database_url: st
         assert app.get("committed") is None  # not visible before the caller commits
         conn.commit()
     start_worker(app)
-    assert handle.result(timeout=10) == "fulfilled 2"
+    assert handle.result(timeout=WAIT) == "fulfilled 2"
     assert app.get("rolled-back") is None
 
 
@@ -184,7 +185,7 @@ async def test_enqueue_async_in_the_callers_transaction(app: pgdurable.App, data
         handle = await app.enqueue_async(notify_customer, 7, conn=conn)
         await conn.commit()
     start_worker(app)
-    assert await handle.result_async(timeout=10) == 7
+    assert await handle.result_async(timeout=WAIT) == 7
 
 
 def test_sql_function_enqueues_validates_and_reports(app: pgdurable.App, database_url: str,
@@ -219,8 +220,8 @@ def test_sql_function_enqueues_validates_and_reports(app: pgdurable.App, databas
             big = json.dumps({"blob": "x" * (9 * 1024 * 1024)})
             conn.execute(sql.SQL("SELECT {}.enqueue_workflow('ship', %s::jsonb)").format(fn), (big,))
         start_worker(app)
-        assert app.handle("sql-1").result(timeout=10) == "9 standard"
-        assert app.handle(generated[0]).result(timeout=10) == "3 express"
+        assert app.handle("sql-1").result(timeout=WAIT) == "9 standard"
+        assert app.handle(generated[0]).result(timeout=WAIT) == "3 express"
         status = conn.execute(sql.SQL("SELECT status, output FROM {}.workflow_status('sql-1')").format(fn)).fetchone()
         assert status == ("succeeded", "9 standard")
         assert conn.execute(sql.SQL("SELECT {}.cancel_workflow('sql-1')").format(fn)).fetchone() == (False,)
@@ -240,10 +241,10 @@ def test_psql_can_enqueue(app: pgdurable.App, database_url: str, start_worker: C
     statement = (f"BEGIN; SELECT {app.schema}.enqueue_workflow('greet', '{{\"name\": \"psql\"}}', "
                  "workflow_id => 'from-psql'); COMMIT;")
     done = subprocess.run(["psql", database_url, "-v", "ON_ERROR_STOP=1", "-qAtc", statement],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "from-psql"
-    assert app.handle("from-psql").result(timeout=10) == "hello psql"
+    assert app.handle("from-psql").result(timeout=WAIT) == "hello psql"
 
 
 async def test_a_second_driver_can_enqueue(app: pgdurable.App, database_url: str,
@@ -274,7 +275,7 @@ async def test_a_second_driver_can_enqueue(app: pgdurable.App, database_url: str
         await rolled_back.rollback()
     finally:
         await conn.close()
-    assert await app.handle(new_id).result_async(timeout=10) == "hello asyncpg"
+    assert await app.handle(new_id).result_async(timeout=WAIT) == "hello asyncpg"
     assert app.get("rolled-back") is None
 
 
@@ -344,7 +345,7 @@ def test_sqlalchemy_session_step_and_enqueue(app: pgdurable.App, bank: str, data
     finally:
         engine.dispose()
     start_worker(app)
-    assert handle.result(timeout=10) == 970
+    assert handle.result(timeout=WAIT) == 970
     assert app.get("sa-rolled-back") is None
     assert applied(database_url, bank) == {"sa-1": 1}  # the business row and the workflow, together
     assert balances(database_url, bank)["alice"] == 970
@@ -365,5 +366,5 @@ async def test_sqlalchemy_async_session_step(app: pgdurable.App, bank: str, data
         return await refund(amount)
 
     start_worker(app)
-    assert await (await app.enqueue_async(refund_flow, 5)).result_async(timeout=10) == "repeatable read"
+    assert await (await app.enqueue_async(refund_flow, 5)).result_async(timeout=WAIT) == "repeatable read"
     assert balances(database_url, bank)["bob"] == 1005

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 import pgdurable
-from tests.harness import execution, wait_for
+from tests.harness import WAIT, execution, wait_for
 
 
 def test_timeout_fails_a_sleeping_workflow_and_its_children(app: pgdurable.App,
@@ -31,9 +31,9 @@ def test_timeout_fails_a_sleeping_workflow_and_its_children(app: pgdurable.App,
     start_worker(app)
     handle = app.enqueue(parent, workflow_id="late-parent")
     with pytest.raises(pgdurable.WorkflowTimeout) as failure:
-        handle.result(timeout=15)
+        handle.result(timeout=WAIT)
     assert failure.value.type == "pgdurable.WorkflowTimeout"
-    wait_for(lambda: execution(app, "late-child").status == "failed", 10, "the child to time out too")
+    wait_for(lambda: execution(app, "late-child").status == "failed", WAIT, "the child to time out too")
     parent_row, child_row = execution(app, "late-parent"), execution(app, "late-child")
     assert child_row.deadline == parent_row.deadline  # inherited
     assert child_row.error_info["type"] == "pgdurable.WorkflowTimeout"
@@ -54,12 +54,14 @@ def test_timeout_stops_a_running_workflow_between_steps(app: pgdurable.App,
         for i in range(100):
             tick(i)
 
-    start_worker(app)
+    runner = start_worker(app)
     handle = app.enqueue(busy, timeout_seconds=1.0)
     with pytest.raises(pgdurable.WorkflowTimeout):
-        handle.result(timeout=15)
+        handle.result(timeout=WAIT)
     stopped_at = len(ran)
-    time.sleep(0.6)
+    # once the worker has let go of the attempt (no step thread either), no further step can start
+    wait_for(lambda: handle.workflow_id not in runner.worker.running and runner.worker.busy_threads == 0, WAIT,
+             "the worker to drop the timed-out attempt")
     assert len(ran) <= stopped_at + 1, "a timed-out workflow must stop running steps"
     assert stopped_at < 20
 
@@ -73,7 +75,7 @@ def test_cancel_cascades_and_a_cancelled_workflow_runs_no_further_step(
     def blocking() -> None:
         ran.append("blocking")
         in_step.set()
-        release.wait(10)
+        release.wait(WAIT)
 
     @app.step()
     def after() -> None:
@@ -93,24 +95,26 @@ def test_cancel_cascades_and_a_cancelled_workflow_runs_no_further_step(
         handles = [app.enqueue(sleepy_child) for _ in range(3)]
         pgdurable.gather(handles)
 
-    start_worker(app)
+    runner = start_worker(app)
     handle = app.enqueue(victim, workflow_id="victim")
-    assert in_step.wait(10)
+    assert in_step.wait(WAIT)
     assert app.cancel("victim") is True
     release.set()
     with pytest.raises(pgdurable.WorkflowCancelled):
-        handle.result(timeout=10)
-    time.sleep(0.5)
+        handle.result(timeout=WAIT)
+    # the worker lets go of the attempt once its checkpoint is refused: from then on no step can run
+    wait_for(lambda: "victim" not in runner.worker.running and runner.worker.busy_threads == 0, WAIT,
+             "the worker to drop the cancelled attempt")
     assert ran == ["blocking"]  # the step in flight finished, its checkpoint was refused, no step after
     assert app.steps("victim") == []
 
     parent = app.enqueue(family, workflow_id="family")
-    wait_for(lambda: len(app.children("family")) == 3 and execution(app, "family").status == "waiting", 10,
+    wait_for(lambda: len(app.children("family")) == 3 and execution(app, "family").status == "waiting", WAIT,
              "the family to wait for its children")
     assert app.cancel("family") is True
     assert {row[2] for row in app.children("family")} == {"cancelled"}
     with pytest.raises(pgdurable.WorkflowCancelled):
-        parent.result(timeout=5)
+        parent.result(timeout=WAIT)
     assert app.cancel("family") is False  # already finished
 
 
@@ -132,16 +136,16 @@ def test_resume_a_cancelled_workflow_and_fork_from_a_step(app: pgdurable.App,
 
     start_worker(app)
     handle = app.enqueue(three, "x", workflow_id="orig")
-    wait_for(lambda: execution(app, "orig").status == "waiting", 10, "the workflow to wait")
+    wait_for(lambda: execution(app, "orig").status == "waiting", WAIT, "the workflow to wait")
     app.cancel("orig")
     assert app.resume("orig") is True
     app.send("orig", None, topic="go")
-    assert handle.result(timeout=10) == ["x-a", "x-b", "x-c"]
+    assert handle.result(timeout=WAIT) == ["x-a", "x-b", "x-c"]
     assert calls == ["x-a", "x-b", "x-c"]  # resume kept the recorded steps
 
     forked = app.fork("orig", from_step=1, new_workflow_id="fork-1")
     app.send("fork-1", None, topic="go")
-    assert forked.result(timeout=10) == ["x-a", "x-b", "x-c"]
+    assert forked.result(timeout=WAIT) == ["x-a", "x-b", "x-c"]
     assert calls == ["x-a", "x-b", "x-c", "x-b", "x-c"]  # step 0 reused, steps 1 onwards ran again
     row = execution(app, "fork-1")
     assert row.forked_from == "orig"
@@ -167,27 +171,33 @@ def test_versions_are_stamped_and_only_matching_workers_resume(
         pgdurable.recv(timeout=60)
         return "v2"
 
+    @v2.workflow(name="later")
+    def later_v2() -> str:
+        return "later"
+
     old_worker = start_worker(v1)
     started = v1.enqueue(job_v1, workflow_id="started-on-v1")
-    wait_for(lambda: execution(v1, "started-on-v1").status == "waiting", 10, "it to wait")
+    wait_for(lambda: execution(v1, "started-on-v1").status == "waiting", WAIT, "it to wait")
     assert execution(v1, "started-on-v1").app_version == "v1"
     old_worker.stop()
 
     start_worker(v2)
     fresh = v2.enqueue(job_v2, workflow_id="fresh")  # not started yet: any version may take it
-    wait_for(lambda: execution(v2, "fresh").status == "waiting", 10, "the new one to wait")
+    wait_for(lambda: execution(v2, "fresh").status == "waiting", WAIT, "the new one to wait")
     assert execution(v2, "fresh").app_version == "v2"
     v2.send("started-on-v1", None)
     v2.send("fresh", None)
-    assert fresh.result(timeout=10) == "v2"
-    time.sleep(1.0)
+    assert fresh.result(timeout=WAIT) == "v2"
+    # Enqueued after "started-on-v1" was made runnable, with the same priority: a claim that ignored versions
+    # would take the older one first. Once it has run, the v2 worker has had its chance and passed.
+    assert v2.enqueue(later_v2).result(timeout=WAIT) == "later"
     assert execution(v2, "started-on-v1").status == "enqueued"  # left for a v1 worker
     with psycopg.connect(database_url) as conn:
         reason = conn.execute(sql.SQL("SELECT reason FROM {}.unrunnable_executions WHERE id = 'started-on-v1'")
                               .format(sql.Identifier(v2.schema))).fetchone()
     assert reason == ("no live worker runs application version v1",)
     start_worker(v1)
-    assert started.result(timeout=10) == "v1"
+    assert started.result(timeout=WAIT) == "v1"
 
 
 def test_default_version_is_a_stable_hash_of_workflow_code(make_app: Callable[..., pgdurable.App]) -> None:
@@ -223,7 +233,7 @@ def test_patched_keeps_old_executions_on_their_old_path(make_app: Callable[..., 
 
     runner = start_worker(before)
     in_flight = before.enqueue(evolving_v1, workflow_id="in-flight")
-    wait_for(lambda: execution(before, "in-flight").status == "waiting", 10, "it to wait")
+    wait_for(lambda: execution(before, "in-flight").status == "waiting", WAIT, "it to wait")
     runner.stop()
 
     after = make_app(app_version="stable")
@@ -248,7 +258,7 @@ def test_patched_keeps_old_executions_on_their_old_path(make_app: Callable[..., 
     start_worker(after)
     # The in-flight execution had not reached the change: it takes the new path from there on.
     after.send("in-flight", "m1")
-    assert in_flight.result(timeout=10) == ["m1", "new"]
+    assert in_flight.result(timeout=WAIT) == ["m1", "new"]
 
     # An execution that recorded the old step before the change replays the old path.
     with psycopg.connect(after.db.conninfo) as conn:
@@ -261,11 +271,11 @@ def test_patched_keeps_old_executions_on_their_old_path(make_app: Callable[..., 
                      "('replayed', 2, 'old_step', '\"old\"', 1, now())")
         conn.execute("UPDATE workflow_executions SET attempt = 1 WHERE id = 'replayed'")
         conn.commit()
-    assert after.handle("replayed").result(timeout=10) == ["m0", "old"]
+    assert after.handle("replayed").result(timeout=WAIT) == ["m0", "old"]
     assert log == ["new"]  # the replayed old step came from its record; nothing ran twice
     fresh = after.enqueue(evolving_v2)
     after.send(fresh.workflow_id, "m2")
-    assert fresh.result(timeout=10) == ["m2", "new"]
+    assert fresh.result(timeout=WAIT) == ["m2", "new"]
 
 
 def test_cli_send_fork_show_and_queue_policies(app: pgdurable.App, database_url: str, schema: str,
@@ -291,20 +301,20 @@ def test_cli_send_fork_show_and_queue_policies(app: pgdurable.App, database_url:
 
     start_worker(app)
     handle = app.enqueue(echo, workflow_id="cli-echo")
-    wait_for(lambda: execution(app, "cli-echo").status == "waiting", 10, "it to wait")
+    wait_for(lambda: execution(app, "cli-echo").status == "waiting", WAIT, "it to wait")
     bad = run("workflows", "send", "cli-echo", "{not json")
     assert bad.exit_code == 2 and "JSON" in bad.output
     assert run("workflows", "send", "nobody", '"x"').exit_code == 1
     sent = run("workflows", "send", "cli-echo", '"hi"', "--topic", "say", "--json")
     assert json.loads(sent.output) == {"id": "cli-echo", "sent": True}
-    assert handle.result(timeout=10) == "HI"
+    assert handle.result(timeout=WAIT) == "HI"
     shown = json.loads(run("workflows", "show", "cli-echo", "--json").output)
     assert shown["events"][0]["key"] == "heard" and shown["events"][0]["value"] == "hi"
     assert shown["messages"][0]["message"] == "hi" and shown["messages"][0]["consumed_at"]
     assert shown["app_version"] == app.version
 
     forked = json.loads(run("workflows", "fork", "cli-echo", "--from-step", "3", "--json").output)
-    assert app.handle(forked["forked"]).result(timeout=10) == "HI"  # the receive was reused, shout ran again
+    assert app.handle(forked["forked"]).result(timeout=WAIT) == "HI"  # the receive was reused, shout ran again
     assert run("workflows", "fork", "nobody", "--from-step", "0").exit_code == 1
 
     stored = run("queues", "set", "emails", "--concurrency", "5", "--rate-limit", "10", "--rate-period", "60")

@@ -25,7 +25,7 @@ from pgdurable.dashboard import create_app, views
 from pgdurable.dashboard.serve import LOOPBACK_HOSTS, DashboardOptionsError, check_options
 from pgdurable.sqlfiles import query
 
-from .harness import execution, wait_for
+from .harness import WAIT, execution, wait_for
 
 with warnings.catch_warnings():  # starlette asks for the httpx2 fork; plain httpx works the same
     warnings.simplefilter("ignore")
@@ -86,9 +86,9 @@ def test_overview_shows_counts_queues_workers_and_chart(app: pgdurable.App,
 
     runner = start_worker(app)
     for n in range(3):
-        app.enqueue(ok, n).result(timeout=10)
+        app.enqueue(ok, n).result(timeout=WAIT)
     with pytest.raises(pgdurable.WorkflowFailed):
-        app.enqueue(broken).result(timeout=10)
+        app.enqueue(broken).result(timeout=WAIT)
     app.enqueue(ok, 9, delay=3600)  # a delayed start: waiting, not enqueued
 
     page = client(app).get("/")
@@ -227,7 +227,7 @@ def test_workflow_page_shows_input_output_steps_and_timeline(app: pgdurable.App,
         return {"charge": charge(order), "count": len(basket["items"])}
 
     start_worker(app)
-    app.enqueue(checkout, 42, workflow_id="order-42").result(timeout=10)
+    app.enqueue(checkout, 42, workflow_id="order-42").result(timeout=WAIT)
     response = client(app).get("/workflow", params={"id": "order-42"})
     assert response.status_code == 200
     text = response.text
@@ -255,7 +255,7 @@ def test_failed_workflow_shows_error_traceback_and_failed_step(app: pgdurable.Ap
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed):
-        app.enqueue(doomed, workflow_id="doomed-1").result(timeout=10)
+        app.enqueue(doomed, workflow_id="doomed-1").result(timeout=WAIT)
     text = client(app).get("/workflow", params={"id": "doomed-1"}).text
     assert '<h2>Error</h2>' in text
     assert '<span class="err-type">KeyError</span> &#39;missing-key&#39;' in text
@@ -299,7 +299,7 @@ def test_workflow_page_shows_waits_children_events_and_messages(app: pgdurable.A
         return {c[0]: c[2] for c in app.children("fan-1")}
 
     wait_for(lambda: sorted(children().values()) == ["succeeded", "succeeded", "waiting"]
-             and handle.status() == "waiting", 15, "two parts to finish and one to wait for its message")
+             and handle.status() == "waiting", WAIT, "two parts to finish and one to wait for its message")
     waiting_child = next(i for i, status in children().items() if status == "waiting")
     app.send(waiting_child, {"note": "not what it waits for"}, topic="other")
     c = client(app)
@@ -334,7 +334,7 @@ def test_workflow_page_shows_waits_children_events_and_messages(app: pgdurable.A
         "/workflows", params={"status": "waiting", "q": waiting_child[:-1]}).text
 
     app.send(waiting_child, {"n": 7}, topic="go")
-    assert handle.result(timeout=15) == [0, 7, 2]
+    assert handle.result(timeout=WAIT) == [0, 7, 2]
     child_page = c.get("/workflow", params={"id": waiting_child}).text
     assert "2 sent · 1 not yet received" in child_page
     assert re.search(r"by step <a href=\"#step-\d+\">\d+</a>", child_page)  # the receive that consumed it
@@ -406,7 +406,7 @@ def test_hostile_strings_are_escaped_on_every_page(app: pgdurable.App, start_wor
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed):
-        app.enqueue(hostile, XSS, workflow_id=f"id-{XSS_IMG}").result(timeout=10)
+        app.enqueue(hostile, XSS, workflow_id=f"id-{XSS_IMG}").result(timeout=WAIT)
     # A worker whose queue list says <script> (queue names of executions are checked by the schema, the
     # workers table is not), and an unrunnable execution whose name is hostile.
     app.db.run(store.register_worker(id=XSS, hostname=XSS_IMG, pid=1, queues=[XSS], workflows=[XSS],
@@ -421,7 +421,7 @@ def test_hostile_strings_are_escaped_on_every_page(app: pgdurable.App, start_wor
         children = [(c[2], execution(app, c[0]).wait_reason) for c in app.children(parent_id)]
         return children == [("waiting", f"recv:{XSS}")] and execution(app, parent_id).status == "waiting"
 
-    wait_for(both_wait, 15, "the child to wait for its message and the parent for the child")
+    wait_for(both_wait, WAIT, "the child to wait for its message and the parent for the child")
     child_id = app.children(parent_id)[0][0]
     app.send(child_id, {XSS: XSS_IMG}, topic=XSS_IMG, idempotency_key=XSS)
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -554,14 +554,14 @@ def test_resume_from_the_dashboard_reruns_the_failed_step(app: pgdurable.App,
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed):
-        app.enqueue(job, workflow_id="r-1").result(timeout=10)
+        app.enqueue(job, workflow_id="r-1").result(timeout=WAIT)
     c = client(app, token=TOKEN)
     page = c.get("/workflow", params={"id": "r-1"}).text
     assert 'id="resume-button"' in page and "cancel-button" not in page
     fixed.set()
     done = c.post("/workflow/resume", data={"id": "r-1", "csrf": csrf_of(page)})
     assert done.headers["location"] == "/workflow?id=r-1&notice=resumed"
-    assert app.handle("r-1").result(timeout=10) == "fine"
+    assert app.handle("r-1").result(timeout=WAIT) == "fine"
 
 
 def test_fork_from_the_dashboard_reuses_the_steps_before_the_chosen_one(app: pgdurable.App,
@@ -583,7 +583,7 @@ def test_fork_from_the_dashboard_reuses_the_steps_before_the_chosen_one(app: pgd
         return compute(fetch(n))
 
     start_worker(app)
-    assert app.enqueue(pipeline, 4, workflow_id="f-1").result(timeout=10) == 50
+    assert app.enqueue(pipeline, 4, workflow_id="f-1").result(timeout=WAIT) == 50
     c = client(app, token=TOKEN)
     page = c.get("/workflow", params={"id": "f-1"}).text
     assert 'id="fork-button"' in page and '<option value="0">the start</option>' in page
@@ -605,7 +605,7 @@ def test_fork_from_the_dashboard_reuses_the_steps_before_the_chosen_one(app: pgd
     forked_id = re.fullmatch(r"/workflow\?id=([^&]+)&notice=forked", done.headers["location"])
     assert forked_id is not None and forked_id.group(1) != "f-1"
     new_id = forked_id.group(1)
-    assert app.handle(new_id).result(timeout=10) == 50
+    assert app.handle(new_id).result(timeout=WAIT) == 50
     assert calls == ["fetch", "compute", "compute"]  # step 0 was reused, step 1 ran again
     forked = app.get(new_id)
     assert forked is not None and forked.forked_from == "f-1" and forked.name == "pipeline"
@@ -677,7 +677,7 @@ def test_live_status_change_reaches_the_fragment(app: pgdurable.App) -> None:
     c = client(app)
     assert "st-waiting" in c.get("/workflow?id=live-1&fragment=1").text
     app.cancel("live-1")
-    wait_for(lambda: "st-cancelled" in c.get("/workflow?id=live-1&fragment=1").text, 5, "the fragment to change")
+    wait_for(lambda: "st-cancelled" in c.get("/workflow?id=live-1&fragment=1").text, WAIT, "the fragment to change")
 
 
 def test_timeline_places_each_phase_on_one_axis() -> None:

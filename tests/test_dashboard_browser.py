@@ -20,7 +20,7 @@ import pgdurable
 from pgdurable.dashboard import create_app
 
 from .dashboard_harness import browser, chromium_available, running
-from .harness import wait_for
+from .harness import WAIT, wait_for
 
 REQUIRED = bool(os.environ.get("PGDURABLE_REQUIRE_BROWSER"))
 MISSING = [what for what, present in [("chromium", chromium_available()),
@@ -48,7 +48,7 @@ def chromium() -> Iterator[Any]:
 def page(chromium: Any) -> Iterator[Any]:
     context = chromium.new_context(viewport={"width": 1280, "height": 900})
     tab = context.new_page()
-    tab.set_default_timeout(10_000)
+    tab.set_default_timeout(WAIT * 1000)
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
     tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
@@ -76,7 +76,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         return post(pack(pick(order)))
 
     start_worker(app)
-    app.enqueue(fulfil, 7, workflow_id="order-7").result(timeout=10)
+    app.enqueue(fulfil, 7, workflow_id="order-7").result(timeout=WAIT)
     app.enqueue(fulfil, 8, workflow_id="order-8", delay=3600)  # waiting for its delayed start: to cancel
     # Hostile strings must stay text in a real browser too (the CSP would also stop them).
     app.enqueue("<img src=x onerror=\"window.__xss=1\">", workflow_id="<script>window.__xss=2</script>",
@@ -110,7 +110,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         page.wait_for_selector(".notice >> text=Forked")
         forked_id = page.locator(".wf-id").inner_text()
         assert forked_id != "order-7"
-        assert app.handle(forked_id).result(timeout=10) == "parcel of 2"
+        assert app.handle(forked_id).result(timeout=WAIT) == "parcel of 2"
         page.wait_for_selector(".wf-head .badge.st-succeeded")  # the page follows it live
         assert page.locator("dt:text-is('forked from') + dd a").inner_text() == "order-7"
         page.click("#step-0 summary")
@@ -119,10 +119,12 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         page.goto(f"{base}/workflow?id=order-8")
         assert page.locator(".wf-head .badge").inner_text() == "waiting"
         assert page.locator("dt:text-is('waiting for') + dd").inner_text() == "its delayed start"
-        # Dismissing the confirmation changes nothing; accepting it cancels.
+        # Dismissing the confirmation changes nothing; accepting it cancels. (Every cancel request the page
+        # makes is counted: after the accepted one, exactly one shows that the dismissed one sent nothing.)
+        cancels: list[str] = []
+        page.on("request", lambda r: cancels.append(r.url) if r.url.endswith("/workflow/cancel") else None)
         page.once("dialog", lambda dialog: dialog.dismiss())
         page.click("#cancel-button")
-        page.wait_for_timeout(300)
         assert app.get("order-8").status == "waiting"  # type: ignore[union-attr]
         questions: list[str] = []
 
@@ -134,6 +136,7 @@ def test_list_open_a_workflow_see_its_steps_and_cancel_another(app: pgdurable.Ap
         page.click("#cancel-button")
         page.wait_for_selector(".notice >> text=Cancelled.")
         assert questions and questions[0].startswith("Cancel execution order-8?")
+        assert len(cancels) == 1, cancels  # only the accepted confirmation sent a request
         assert page.locator(".wf-head .badge").inner_text() == "cancelled"
         assert app.get("order-8").status == "cancelled"  # type: ignore[union-attr]
         assert page.locator("#cancel-button").count() == 0
@@ -151,7 +154,7 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
 
     @app.step()
     def slow() -> str:
-        release.wait(20)
+        release.wait(WAIT)
         return "done"
 
     @app.workflow()
@@ -160,14 +163,14 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
 
     start_worker(app)
     handle = app.enqueue(waits, workflow_id="live-1")
-    wait_for(lambda: handle.status() == "running", 10, "the workflow to start")
+    wait_for(lambda: handle.status() == "running", WAIT, "the workflow to start")
     with running(create_app(app)) as base:
         page.goto(f"{base}/workflow?id=live-1")
         assert page.locator(".wf-head .badge").inner_text() == "running"
         page.evaluate("window.__same_document = true")
         release.set()
-        handle.result(timeout=10)
-        page.wait_for_selector(".wf-head .badge.st-succeeded", timeout=8000)
+        handle.result(timeout=WAIT)
+        page.wait_for_selector(".wf-head .badge.st-succeeded", timeout=WAIT * 1000)
         assert page.evaluate("window.__same_document") is True  # updated in place, not reloaded
         assert page.locator(".step .step-name").all_inner_texts() == ["slow"]
         assert page.locator("#live .live-text").inner_text() == "finished"
@@ -176,7 +179,7 @@ def test_pages_update_live_without_reloading(app: pgdurable.App, page: Any,
         app.enqueue(waits, workflow_id="live-2", delay=3600)  # a delayed start: counted as waiting
         waiting = page.locator(".card", has=page.locator(".badge.st-waiting")).locator(".card-value")
         # (polled from Python: the CSP forbids the eval that page.wait_for_function would need)
-        wait_for(lambda: waiting.inner_text().strip() == "1", 12, "the overview to count the new execution")
+        wait_for(lambda: waiting.inner_text().strip() == "1", WAIT, "the overview to count the new execution")
 
 
 def test_a_phone_sized_screen(app: pgdurable.App, chromium: Any) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 import pgdurable
 from pgdurable import store
 from tests.conftest import FAST
-from tests.harness import wait_for
+from tests.harness import WAIT, wait_for
 
 
 @pytest.fixture
@@ -55,7 +54,7 @@ def test_a_transactional_step_that_loses_its_connection_is_retried_not_failed(
         return int(cut(n))
 
     start_worker(app)
-    assert app.enqueue(doubled, 21).result(timeout=30) == 42
+    assert app.enqueue(doubled, 21).result(timeout=WAIT) == 42
     assert len(tries) == 2
 
 
@@ -70,7 +69,7 @@ def test_result_waits_through_a_lost_connection(named_app: tuple[pgdurable.App, 
     handle = app.enqueue(hello, "world")  # no worker yet: it waits in the queue
     assert terminate(database_url, name) >= 1  # the client's pooled connection is gone
     start_worker(app)
-    assert handle.result(timeout=30) == "hello world"
+    assert handle.result(timeout=WAIT) == "hello world"
 
 
 def test_a_worker_whose_connections_were_killed_still_stops(named_app: tuple[pgdurable.App, str],
@@ -83,7 +82,7 @@ def test_a_worker_whose_connections_were_killed_still_stops(named_app: tuple[pgd
         return None
 
     runner = start_worker(app)
-    wait_for(lambda: app.db.run(store.list_workers()), 20, "the worker to register")
+    wait_for(lambda: app.db.run(store.list_workers()), WAIT, "the worker to register")
     assert terminate(database_url, name) >= 2
     runner.stop()  # fails if the thread is still alive after 30 s
 
@@ -111,7 +110,7 @@ def test_a_failure_to_load_checkpoints_does_not_stop_the_claim_loop(
 
     monkeypatch.setattr(store, "load_steps", flaky)
     start_worker(app)
-    assert handle.result(timeout=20) == 7
+    assert handle.result(timeout=WAIT) == 7
     assert failed.is_set()
 
 
@@ -132,19 +131,26 @@ def test_a_lost_attempt_ending_late_leaves_the_new_attempt_of_the_same_worker_al
 
     runner = start_worker(app)
     handle = app.enqueue(gated)
-    wait_for(lambda: len(calls) == 1, 20, "the first attempt to reach its step")
+    wait_for(lambda: len(calls) == 1, WAIT, "the first attempt to reach its step")
     with app.db.pool.connection() as conn:  # what a sweeper does once the lease has expired
         conn.execute("UPDATE workflow_executions SET status = 'enqueued', owner_id = NULL, lease_expires = NULL "
                      "WHERE id = %s", (handle.workflow_id,))
-    wait_for(lambda: len(calls) == 2, 20, "the same worker to claim it again")
+    wait_for(lambda: len(calls) == 2, WAIT, "the same worker to claim it again")
     gates[0].set()  # the first attempt ends: its checkpoint is refused, it stops
     worker = runner.worker
-    wait_for(lambda: worker.busy_threads == 1, 20, "the first attempt to stop")
-    time.sleep(FAST["lease_seconds"] * 1.5)  # the second attempt's lease must have been renewed meanwhile
+    wait_for(lambda: worker.busy_threads == 1, WAIT, "the first attempt to stop")
+    # The second attempt's lease must go on being renewed after the first attempt stopped: see it renewed
+    # twice (a heartbeat, then another), so the first attempt's end did not stop its heartbeat.
+    lease = handle.get().lease_expires
+    assert lease is not None
+    renewed = wait_for(lambda: (e := handle.get().lease_expires) is not None and e > lease and e, WAIT,
+                       "the second attempt's lease to be renewed")
+    wait_for(lambda: (e := handle.get().lease_expires) is not None and e > renewed, WAIT,
+             "the second attempt's lease to be renewed again")
     assert handle.workflow_id in worker.running
     assert handle.get().attempt == 2 and handle.status() == "running"
     gates[1].set()
-    assert handle.result(timeout=20) == 2
+    assert handle.result(timeout=WAIT) == 2
     assert handle.get().attempt == 2
 
 
@@ -212,8 +218,8 @@ def test_a_cancelled_statement_of_a_durable_sleep_costs_a_recovery_not_the_workf
                                "WHERE application_name = %s AND wait_event = 'PgSleep'", (name,)).fetchone()
         return bool(row and row[0])
 
-    wait_for(cancel_the_suspend, 20, "the suspend statement to be running, then cancelled")
-    assert handle.result(timeout=30) == 42  # resumed from its checkpoints once the attempt's lease ran out
+    wait_for(cancel_the_suspend, WAIT, "the suspend statement to be running, then cancelled")
+    assert handle.result(timeout=WAIT) == 42  # resumed from its checkpoints once the attempt's lease ran out
     assert effects == ["before"]
     assert [s.step_name for s in app.steps(handle.workflow_id)] == ["before" if not asynchronous else "abefore",
                                                                     "pgdurable.sleep"]
@@ -256,8 +262,8 @@ def test_a_cancelled_checkpoint_of_a_transactional_step_is_not_the_steps_failure
                                "WHERE application_name = %s AND wait_event = 'PgSleep'", (name,)).fetchone()
         return bool(row and row[0])
 
-    wait_for(cancel_the_checkpoint, 20, "the checkpoint to be running, then cancelled")
-    assert handle.result(timeout=30) == 7
+    wait_for(cancel_the_checkpoint, WAIT, "the checkpoint to be running, then cancelled")
+    assert handle.result(timeout=WAIT) == 7
     with psycopg.connect(database_url) as conn:
         paid = conn.execute(psycopg.sql.SQL("SELECT order_id FROM {}.payments").format(s)).fetchall()
     assert paid == [(7,)]  # the cancelled try rolled back with its checkpoint; the retry committed once
@@ -286,8 +292,8 @@ def test_a_timed_out_sync_workflow_stuck_in_a_step_gives_its_slot_back(
     runner = start_worker(app, concurrency=1)
     try:
         with pytest.raises(pgdurable.WorkflowTimeout):
-            app.enqueue(stuck).result(timeout=15)
-        assert app.enqueue(quick).result(timeout=15) == "ran"  # the only slot was given back
+            app.enqueue(stuck).result(timeout=WAIT)
+        assert app.enqueue(quick).result(timeout=WAIT) == "ran"  # the only slot was given back
         assert runner.worker.busy_threads == 1  # the hung step is still in its thread
     finally:
         release.set()

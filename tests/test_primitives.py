@@ -3,6 +3,8 @@ resumes correctly on another worker (in-process workers here; real processes in 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -13,7 +15,8 @@ import pytest
 from psycopg import sql
 
 import pgdurable
-from tests.harness import execution, wait_for
+from pgdurable import store
+from tests.harness import WAIT, execution, wait_for, wait_listening
 
 
 def test_durable_sleep_releases_the_slot_and_wakes_on_time(app: pgdurable.App,
@@ -30,17 +33,25 @@ def test_durable_sleep_releases_the_slot_and_wakes_on_time(app: pgdurable.App,
     start_worker(app, concurrency=1)  # one slot: the sleeper must give it up for quick() to run
     begun = time.monotonic()
     sleeper = app.enqueue(napper, 1.5, workflow_id="nap-1")
-    wait_for(lambda: execution(app, "nap-1").status == "waiting", 5, "the sleeper to wait")
+    wait_for(lambda: execution(app, "nap-1").status == "waiting", WAIT, "the sleeper to wait")
     row = execution(app, "nap-1")
     assert row.wait_reason == "sleep" and row.owner_id is None
-    assert app.enqueue(quick).result(timeout=5) == "done"
-    assert time.monotonic() - begun < 1.5, "quick() ran while the sleeper slept"
-    assert sleeper.result(timeout=10) == "slept"
-    elapsed = time.monotonic() - begun
-    assert 1.5 <= elapsed < 4.0
+    quick_handle = app.enqueue(quick)
+    assert quick_handle.result(timeout=WAIT) == "done"
+    assert sleeper.result(timeout=WAIT) == "slept"
+    assert time.monotonic() - begun >= 1.5  # never early
+    # With one slot, quick() (enqueued while the sleeper waited) could only finish first if the slot was given up.
+    done = execution(app, "nap-1")
+    assert execution(app, quick_handle.workflow_id).completed_at < done.completed_at, \
+        "quick() did not run while the sleeper slept"
+    # On time: woken at the recorded wake time (1.5 s after the sleep began, on the database's clock), not earlier.
     [step] = app.steps("nap-1")
     assert step.step_name == "pgdurable.sleep"
-    assert execution(app, "nap-1").attempt == 2  # claimed again after waking
+    wake = datetime.fromisoformat(json.loads(step.output))
+    assert row.available_at == wake
+    assert row.started_at + timedelta(seconds=1.5) <= wake <= step.completed_at + timedelta(seconds=1.5)
+    assert done.completed_at >= wake
+    assert done.attempt == 2  # claimed again after waking
 
 
 def test_async_sleep_and_sleep_until(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
@@ -52,7 +63,7 @@ def test_async_sleep_and_sleep_until(app: pgdurable.App, start_worker: Callable[
 
     start_worker(app)
     begun = time.monotonic()
-    assert app.enqueue(two_naps).result(timeout=10) == "rested"
+    assert app.enqueue(two_naps).result(timeout=WAIT) == "rested"
     assert time.monotonic() - begun >= 0.55
 
 
@@ -64,37 +75,74 @@ def test_sleep_outlives_the_worker_that_started_it(app: pgdurable.App, start_wor
 
     first = start_worker(app)
     handle = app.enqueue(long_nap, workflow_id="nap-restart")
-    wait_for(lambda: execution(app, "nap-restart").status == "waiting", 5, "the sleeper to wait")
+    wait_for(lambda: execution(app, "nap-restart").status == "waiting", WAIT, "the sleeper to wait")
     first.stop()
-    time.sleep(1.2)  # it is due while no worker runs
+    wake = execution(app, "nap-restart").available_at
+    assert wake is not None
+    wait_for(lambda: datetime.now(UTC) > wake, WAIT, "the sleep to be due")  # it is due while no worker runs
     assert execution(app, "nap-restart").status == "waiting"
     start_worker(app)
-    assert handle.result(timeout=10) == "woke"
+    assert handle.result(timeout=WAIT) == "woke"
 
 
 def test_messages_are_received_once_in_order_and_wake_the_receiver(
-        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+        make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any]) -> None:
+    # The worker polls only hourly here: a receiver that gets its message at all was woken by the send.
+    app = make_app(poll_seconds=3600.0)
+
     @app.workflow()
     def inbox(count: int) -> list[Any]:
         return [pgdurable.recv("orders") for _ in range(count)]
 
-    start_worker(app)
     handle = app.enqueue(inbox, 3, workflow_id="inbox-1")
-    assert app.send("inbox-1", {"n": 1}, topic="orders")  # may arrive before the first recv runs
-    wait_for(lambda: execution(app, "inbox-1").wait_reason == "recv:orders", 5, "the receiver to wait")
+    # Before the first recv runs (here: before any worker runs; sent while a worker claims it, it could delay the
+    # claim until the next poll: see the xfail test below).
+    assert app.send("inbox-1", {"n": 1}, topic="orders")
+    start_worker(app)
+    wait_for(lambda: execution(app, "inbox-1").wait_reason == "recv:orders", WAIT, "the receiver to wait")
     assert app.send("inbox-1", "other topic", topic="billing")  # not what it waits for
-    time.sleep(0.3)
-    assert execution(app, "inbox-1").status == "waiting"
-    sent = time.monotonic()
     app.send("inbox-1", {"n": 2}, topic="orders")
-    wait_for(lambda: len([s for s in app.steps("inbox-1") if s.step_name == "pgdurable.recv"]) == 2, 5,
-             "the second message to be received")
-    assert time.monotonic() - sent < 1.0, "a send must wake the receiver at once, not at the next poll"
+    wait_for(lambda: len([s for s in app.steps("inbox-1") if s.step_name == "pgdurable.recv"]) == 2, WAIT,
+             "the second message to be received (woken by the send, not a poll)")
+    assert [m.message for m in app.messages("inbox-1") if m.consumed_at] == [{"n": 1}, {"n": 2}]
     app.send("inbox-1", {"n": 3}, topic="orders")
-    assert handle.result(timeout=10) == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert handle.result(timeout=WAIT) == [{"n": 1}, {"n": 2}, {"n": 3}]
     messages = app.messages("inbox-1")
     assert [m.message for m in messages if m.consumed_at] == [{"n": 1}, {"n": 2}, {"n": 3}]
     assert [m.message for m in messages if not m.consumed_at] == ["other topic"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine bug: the claim (FOR UPDATE SKIP LOCKED) skips an enqueued execution whose row another transaction "
+    "holds, here send_message's wake-up count; when that transaction commits nothing notifies (the status did "
+    "not change), so the execution waits for the next poll (poll_seconds) although a worker is idle"))
+def test_an_execution_locked_by_a_send_while_the_worker_claims_is_still_claimed_without_a_poll(
+        make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any], database_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app(poll_seconds=3600.0)  # only a NOTIFY (or the worker's first looks) can get it claimed
+
+    @app.workflow()
+    def receiver() -> Any:
+        return pgdurable.recv("orders")
+
+    claims: list[int] = []
+    real = store.claim
+
+    def counted(**params: Any) -> Any:
+        call = real(**params)
+        return dataclasses.replace(call, read=lambda rows: claims.append(len(rows)) or call.read(rows))
+
+    monkeypatch.setattr(store, "claim", counted)
+    handle = app.enqueue(receiver, workflow_id="locked-1")
+    with psycopg.connect(database_url) as conn:
+        app.send("locked-1", "hello", topic="orders", conn=conn)  # in flight: it holds the execution's row
+        start_worker(app)
+        wait_listening(app)
+        # its first look and the one after it started listening have both passed the locked row
+        wait_for(lambda: len(claims) >= 2, WAIT, "the worker to look twice")
+        assert sum(claims) == 0
+        conn.commit()
+    assert handle.result(timeout=WAIT / 4) == "hello"  # (a quarter of WAIT: this test is expected to fail)
 
 
 def test_recv_times_out_with_none_and_idempotent_sends_are_stored_once(
@@ -107,10 +155,10 @@ def test_recv_times_out_with_none_and_idempotent_sends_are_stored_once(
 
     start_worker(app)
     handle = app.enqueue(waits_briefly, workflow_id="brief")
-    wait_for(lambda: any(s.step_name == "pgdurable.recv" for s in app.steps("brief")), 5, "the first timeout")
+    wait_for(lambda: any(s.step_name == "pgdurable.recv" for s in app.steps("brief")), WAIT, "the first timeout")
     assert app.send("brief", "hello", idempotency_key="k-1") is True
     assert app.send("brief", "hello again", idempotency_key="k-1") is False  # a retried send
-    assert handle.result(timeout=10) == [None, "hello"]
+    assert handle.result(timeout=WAIT) == [None, "hello"]
     assert [m.message for m in app.messages("brief")] == ["hello"]
 
 
@@ -135,7 +183,7 @@ def test_send_errors_and_the_sql_function_in_a_transaction(app: pgdurable.App, d
         conn.rollback()
         conn.execute(sql.SQL("SELECT {}.send_message('sql-listener', '{{\"from\": \"sql\"}}')").format(schema))
         conn.commit()
-    assert handle.result(timeout=10) == {"from": "sql"}
+    assert handle.result(timeout=WAIT) == {"from": "sql"}
     with psycopg.connect(database_url) as conn:  # a send inside the caller's own transaction, from Python
         app.send("sql-listener", "late", conn=conn)
         conn.commit()
@@ -155,10 +203,10 @@ def test_events_last_value_wins_history_kept_and_get_event_waits(
     start_worker(app)
     assert app.get_event("nope", "stage") is None
     handle = app.enqueue(progress, workflow_id="ev-1")
-    assert app.get_event("ev-1", "stage", timeout=5) == "started"
+    assert app.get_event("ev-1", "stage", timeout=WAIT) == "started"
     assert app.get_event("ev-1", "detail", timeout=0.3) is None  # not yet
     app.send("ev-1", None, topic="go")
-    assert handle.result(timeout=10) == "ok"
+    assert handle.result(timeout=WAIT) == "ok"
     assert app.get_event("ev-1", "stage") == "finished"
     assert app.get_event("ev-1", "detail") == {"items": 3}
     assert [(e.key, e.value) for e in app.events("ev-1")] == [
@@ -173,7 +221,7 @@ async def test_get_event_async_is_woken_by_notify(app: pgdurable.App, start_work
 
     start_worker(app)
     await app.enqueue_async(publisher, workflow_id="ev-async")
-    assert await app.get_event_async("ev-async", "ready", timeout=10) is True
+    assert await app.get_event_async("ev-async", "ready", timeout=WAIT) is True
 
 
 def test_child_workflows_run_and_the_parent_waits_without_a_slot(
@@ -198,7 +246,7 @@ def test_child_workflows_run_and_the_parent_waits_without_a_slot(
         return {"ids": [h.workflow_id for h in handles], "results": results, "failure": failure}
 
     start_worker(app, concurrency=1)  # the parent must release its only slot for its children to run
-    out = app.enqueue(parent, 4, workflow_id="p-1").result(timeout=20)
+    out = app.enqueue(parent, 4, workflow_id="p-1").result(timeout=WAIT)
     assert out["results"] == [0, 1, 4, 9] and out["failure"] == "child broke"
     assert out["ids"] == [f"p-1:{i}" for i in range(4)]  # deterministic: the parent's step numbers
     children = app.children("p-1")
@@ -220,7 +268,7 @@ async def test_async_parent_awaits_children(app: pgdurable.App, start_worker: Ca
 
     start_worker(app)
     handle = await app.enqueue_async(async_parent)
-    assert await handle.result_async(timeout=20) == [2, 4, 6]
+    assert await handle.result_async(timeout=WAIT) == [2, 4, 6]
 
 
 def test_fan_out_of_a_thousand_children(make_app: Callable[..., pgdurable.App],
@@ -238,7 +286,7 @@ def test_fan_out_of_a_thousand_children(make_app: Callable[..., pgdurable.App],
 
     start_worker(app, concurrency=64)
     begun = time.monotonic()
-    assert app.enqueue(fan_out, 1000, workflow_id="fan").result(timeout=120) == sum(range(1000))
+    assert app.enqueue(fan_out, 1000, workflow_id="fan").result(timeout=2 * WAIT) == sum(range(1000))
     print(f"fan-out of 1,000 children: {time.monotonic() - begun:.2f} s, parent attempts "
           f"{execution(app, 'fan').attempt}")
     assert execution(app, "fan").attempt > 1  # it suspended while its children slept
@@ -253,8 +301,8 @@ def test_waiting_for_a_workflow_that_is_not_a_child(app: pgdurable.App, start_wo
 
     @app.workflow()
     def watcher(other: str) -> str:
-        return str(app.handle(other).result(timeout=30))
+        return str(app.handle(other).result(timeout=WAIT))
 
     start_worker(app)
     app.enqueue(slow, workflow_id="other")
-    assert app.enqueue(watcher, "other").result(timeout=15) == "slow done"
+    assert app.enqueue(watcher, "other").result(timeout=WAIT) == "slow done"

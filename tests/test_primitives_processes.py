@@ -20,7 +20,7 @@ from psycopg import sql
 
 import pgdurable
 from tests.apps import waiting
-from tests.harness import WorkerHarness, wait_for
+from tests.harness import WAIT, WorkerHarness, wait_for
 
 
 @pytest.fixture
@@ -83,9 +83,9 @@ def test_sigkill_during_sleeps_receives_and_child_waits_loses_and_duplicates_not
             client.send(f"listen-{n}", f"m{k}", topic="in", idempotency_key=f"{n}-{k}")
 
     for n in range(rounds):
-        assert handles[f"nap-{n}"].result(timeout=60) == [f"before-{n}", *(f"after-{n}-{i}" for i in range(3))]
-        assert handles[f"listen-{n}"].result(timeout=60) == ["m0", "m1"]
-        assert handles[f"family-{n}"].result(timeout=60) == [n * 10, n * 10 + 1, n * 10 + 2]
+        assert handles[f"nap-{n}"].result(timeout=WAIT) == [f"before-{n}", *(f"after-{n}-{i}" for i in range(3))]
+        assert handles[f"listen-{n}"].result(timeout=WAIT) == ["m0", "m1"]
+        assert handles[f"family-{n}"].result(timeout=WAIT) == [n * 10, n * 10 + 1, n * 10 + 2]
         assert client.get_event(f"listen-{n}", "heard") == ["m0", "m1"]
     effects = h.rows("SELECT label, count(*) FROM effects WHERE label NOT LIKE 'limited-%%' GROUP BY label")
     counts = dict(effects)
@@ -111,11 +111,11 @@ def test_a_killed_worker_holding_global_slots_gives_them_back(harness: WorkerHar
     handles = [client.enqueue(wf.limited_job, n) for n in range(12)]
     # Kill a worker that holds a slot (owner ids are host:pid:nonce).
     owner = wait_for(lambda: h.scalar("SELECT owner_id FROM workflow_executions WHERE queue = 'limited' "
-                                      "AND status = 'running' LIMIT 1"), 20, "a limited job to be running")
+                                      "AND status = 'running' LIMIT 1"), WAIT, "a limited job to be running")
     victim = next(w for w in workers if w.pid == int(owner.split(":")[1]))
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    assert [x.result(timeout=60) for x in handles] == [f"limited-{n}" for n in range(12)]
+    assert [x.result(timeout=WAIT) for x in handles] == [f"limited-{n}" for n in range(12)]
     rows = h.rows("SELECT label, started, finished FROM effects WHERE label LIKE 'limited-%%' ORDER BY started")
     assert sorted(r[0] for r in rows) == sorted(f"limited-{n}" for n in range(12))  # each once (kill rolled back)
     events = sorted([(r[1], 1) for r in rows] + [(r[2], -1) for r in rows])

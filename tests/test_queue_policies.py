@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 import pgdurable
-from tests.harness import wait_for
+from tests.harness import WAIT, wait_for
 
 
 def intervals(app: pgdurable.App, queue: str) -> list[tuple[datetime, datetime, str | None]]:
@@ -53,7 +53,7 @@ def test_global_concurrency_limit_holds_across_workers(app: pgdurable.App,
     for _ in range(3):
         start_worker(app, concurrency=8)  # 24 slots in all, 3 may run
     handles = [app.enqueue(job, i) for i in range(24)]
-    assert [h.result(timeout=30) for h in handles] == list(range(24))
+    assert [h.result(timeout=WAIT) for h in handles] == list(range(24))
     spans = intervals(app, "limited")
     assert max_overlap(spans) == 3  # never more, and the limit is actually used
 
@@ -63,7 +63,7 @@ def test_per_worker_concurrency(app: pgdurable.App, start_worker: Callable[..., 
     job = define_sleepers(app, "per-worker", 0.1)
     start_worker(app, concurrency=16)
     handles = [app.enqueue(job, i) for i in range(10)]
-    assert [h.result(timeout=30) for h in handles] == list(range(10))
+    assert [h.result(timeout=WAIT) for h in handles] == list(range(10))
     assert max_overlap(intervals(app, "per-worker")) == 2
 
 
@@ -74,7 +74,7 @@ def test_rate_limit_is_a_sliding_window(app: pgdurable.App, start_worker: Callab
     start_worker(app, concurrency=8)
     began = time.monotonic()
     handles = [app.enqueue(job, i) for i in range(12)]
-    assert [h.result(timeout=30) for h in handles] == list(range(12))
+    assert [h.result(timeout=WAIT) for h in handles] == list(range(12))
     assert time.monotonic() - began >= 2.0  # 12 starts at 4 per second: three windows
     starts = sorted(start for start, _, _ in intervals(app, "rated"))
     for i, start in enumerate(starts):
@@ -91,7 +91,7 @@ def test_key_concurrency_gives_each_tenant_one_slot(app: pgdurable.App, start_wo
     handles = [app.enqueue(job, i, concurrency_key="a") for i in range(8)]
     handles += [app.enqueue(job, 100 + i, concurrency_key=k) for i in range(3) for k in ("b", "c")]
     for h in handles:
-        h.result(timeout=30)
+        h.result(timeout=WAIT)
     spans = intervals(app, "tenants")
     for key in ("a", "b", "c"):
         assert max_overlap([s for s in spans if s[2] == key]) == 1, f"tenant {key} ran two at once"
@@ -119,9 +119,9 @@ def test_dedup_key_returns_the_existing_execution_or_refuses(app: pgdurable.App,
                                        "dedup_key => 'daily-report')").format(sql.Identifier(app.schema))).fetchone()
     assert via_sql == (first.workflow_id,)
     start_worker(app)
-    wait_for(lambda: (app.get(first.workflow_id) or first.get()).status == "waiting", 10, "it to wait")
+    wait_for(lambda: (app.get(first.workflow_id) or first.get()).status == "waiting", WAIT, "it to wait")
     app.send(first.workflow_id, None)
-    assert first.result(timeout=10) == "mon"
+    assert first.result(timeout=WAIT) == "mon"
     later = app.enqueue(report, "fri", dedup_key="daily-report")  # the key is free once it finished
     assert later.workflow_id != first.workflow_id
 
@@ -134,7 +134,7 @@ def test_a_queue_policy_can_change_and_be_removed(app: pgdurable.App, start_work
     start_worker(app, concurrency=8)
     handles = [app.enqueue(job, i) for i in range(8)]
     for h in handles:
-        h.result(timeout=30)
+        h.result(timeout=WAIT)
     assert max_overlap(intervals(app, "changing")) == 2
     with pytest.raises(ValueError):
         app.queue("bad", rate_limit=3)

@@ -30,7 +30,7 @@ from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
 from pgdurable.scheduler import fire_due
 from pgdurable.sqlfiles import migrations
-from tests.harness import wait_for
+from tests.harness import WAIT, wait_for, wait_listening
 
 PARIS = "Europe/Paris"
 
@@ -149,9 +149,11 @@ def test_invalid_definitions_are_rejected_at_creation(app: pgdurable.App, db: ps
 
 # -- firing -----------------------------------------------------------------------------------------------
 
-def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App, db: psycopg.Connection[Any],
-                                                              schema: str,
+def test_every_second_fires_each_tick_once_with_three_workers(make_app: Callable[..., pgdurable.App],
+                                                              db: psycopg.Connection[Any], schema: str,
                                                               start_worker: Callable[..., Any]) -> None:
+    # Workers that poll only hourly: every tick that fires was fired by the scheduler's own timer.
+    app = make_app(poll_seconds=3600.0)
     db.execute("CREATE TABLE effects (tick timestamptz NOT NULL, worker_pid int)")  # no unique key on purpose
 
     @app.transaction()
@@ -165,8 +167,9 @@ def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App
 
     app.schedule("per-second", every_second, "* * * * * *", args={"label": "x"})
     workers = [start_worker(app) for _ in range(3)]
+    wait_listening(app, 3)  # (the ticks' executions are claimed on their NOTIFY)
     wait_for(lambda: db.execute("SELECT count(*) FROM workflow_executions WHERE status = 'succeeded'")
-             .fetchone()[0] >= 6, 20, "six ticks to run")  # type: ignore[index]
+             .fetchone()[0] >= 6, WAIT, "six ticks to run")  # type: ignore[index]
     for worker in workers:
         worker.stop()
 
@@ -184,25 +187,27 @@ def test_every_second_fires_each_tick_once_with_three_workers(app: pgdurable.App
     logging.getLogger("tests").info("tick lateness: median %.1f ms, max %.1f ms",
                                     statistics.median(lateness) * 1000, max(lateness) * 1000)
     assert min(lateness) >= 0  # never early
-    assert statistics.median(lateness) < 0.5  # tens of ms in practice; generous for a loaded machine
+    # Tens of ms in practice. The bound is the period: a tick is typically fired before the next one is due,
+    # which leaves a loaded machine ample room.
+    assert statistics.median(lateness) < 1.0
 
 
 def test_worker_processes_fire_each_tick_once_even_when_one_is_killed(
         spawn_worker: Callable[..., subprocess.Popen[bytes]], db: psycopg.Connection[Any]) -> None:
     procs = [spawn_worker("tests.apps.scheduled:app", "-c", "4") for _ in range(3)]
-    wait_for(lambda: len(_ticks(db, "every-second")) >= 3, 30, "three ticks from the worker processes")
+    wait_for(lambda: len(_ticks(db, "every-second")) >= 3, WAIT, "three ticks from the worker processes")
     procs[0].send_signal(signal.SIGKILL)  # mid-whatever: firing, running, idle
     procs[0].wait()
     seen = len(_ticks(db, "every-second"))
-    wait_for(lambda: len(_ticks(db, "every-second")) >= seen + 3, 20, "three more ticks after the kill")
+    wait_for(lambda: len(_ticks(db, "every-second")) >= seen + 3, WAIT, "three more ticks after the kill")
     # Whatever the killed worker held is swept back after its lease and finishes on a survivor.
     wait_for(lambda: db.execute("SELECT count(*) FROM workflow_executions WHERE status <> 'succeeded' "
                                 "AND created_at < now() - interval '1 second'").fetchone()[0] == 0,  # type: ignore[index]
-             20, "the killed worker's executions to finish elsewhere")
+             WAIT, "the killed worker's executions to finish elsewhere")
     for proc in procs[1:]:
         proc.send_signal(signal.SIGTERM)
     for proc in procs[1:]:
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=WAIT) == 0
 
     row = db.execute("SELECT workflow_name, cron, catch_up, paused FROM schedules WHERE name = 'every-second'")
     assert row.fetchone() == ("scheduled.tick", "* * * * * *", "all", False)  # declared by the decorator
@@ -214,7 +219,7 @@ def test_worker_processes_fire_each_tick_once_even_when_one_is_killed(
     lateness = [row[0] for row in db.execute(
         "SELECT extract(epoch FROM created_at) - extract(epoch FROM (input ->> 'scheduled_at')::timestamptz) "
         "FROM workflow_executions ORDER BY id")][1:]  # the first tick may predate the workers' start
-    assert min(lateness) >= 0 and statistics.median(lateness) < 0.5  # never early, on time (generously)
+    assert min(lateness) >= 0 and statistics.median(lateness) < 1.0  # never early; on time (within the period)
 
 
 async def test_concurrent_firing_transactions_never_double_a_tick(app: pgdurable.App, db: psycopg.Connection[Any],
@@ -259,8 +264,9 @@ async def test_concurrent_firing_transactions_never_double_a_tick(app: pgdurable
         fired: list[str] = []
 
         async def race(conn: psycopg.AsyncConnection[Any]) -> None:
-            deadline = time.monotonic() + 2.5
-            while time.monotonic() < deadline:
+            deadline = time.monotonic() + WAIT
+            while len(fired) < 3:  # a few ticks coming due while five firers race for each
+                assert time.monotonic() < deadline, f"only {len(fired)} ticks fired in {WAIT:.0f} s"
                 async with conn.transaction():
                     fired.extend((await fire_due(conn)).fired)
                 await asyncio.sleep(0.002)
@@ -268,7 +274,7 @@ async def test_concurrent_firing_transactions_never_double_a_tick(app: pgdurable
         await asyncio.gather(*(race(conn) for conn in firers))
         for conn in firers:
             await conn.close()
-        assert len(fired) >= 2 and len(fired) == len(set(fired))
+        assert len(fired) >= 3 and len(fired) == len(set(fired))
     finally:
         for conn in (first, second, third, admin):
             await conn.close()
@@ -291,7 +297,7 @@ def test_catch_up_after_downtime_skip_versus_all(app: pgdurable.App, db: psycopg
                "WHERE name = 'secondly-all'")
     with caplog.at_level(logging.WARNING, logger="pgdurable.schedules"):
         start_worker(app)
-        wait_for(lambda: db.execute("SELECT bool_and(next_fire_at > now()) FROM schedules").fetchone()[0], 20,
+        wait_for(lambda: db.execute("SELECT bool_and(next_fire_at > now()) FROM schedules").fetchone()[0], WAIT,
                  "every schedule to catch up")  # type: ignore[index]
     fired_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
 
@@ -313,22 +319,26 @@ def test_pause_and_resume(app: pgdurable.App, db: psycopg.Connection[Any],
         pass
 
     app.schedule("beat", beat, "* * * * * *")
+    app.schedule("witness", beat, "* * * * * *")  # never paused: shows the passes that would have fired "beat"
     start_worker(app)
-    wait_for(lambda: len(_ticks(db, "beat")) >= 2, 15, "two ticks")
+    wait_for(lambda: len(_ticks(db, "beat")) >= 2, WAIT, "two ticks")
     assert app.pause_schedule("beat")
     paused_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     before = _ticks(db, "beat")
-    time.sleep(2.2)
+    # Two ticks of the witness due after the pause: passes that found "beat" due too (without the pause)
+    wait_for(lambda: len([t for t in _ticks(db, "witness") if t > paused_at]) >= 2, WAIT,
+             "two witness ticks after the pause")
     assert _ticks(db, "beat") == before  # a pause commits after any pass holding the row: nothing fires after
     assert app.get_schedule("beat").paused  # type: ignore[union-attr]
 
     assert app.resume_schedule("beat")
     resumed_at = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-    wait_for(lambda: len(_ticks(db, "beat")) >= len(before) + 2, 15, "two ticks after resuming")
+    wait_for(lambda: len(_ticks(db, "beat")) >= len(before) + 2, WAIT, "two ticks after resuming")
     after = [t for t in _ticks(db, "beat") if t not in before]
     assert after[0] > resumed_at - timedelta(seconds=1)  # the ticks missed while paused did not fire
     assert not [t for t in after if paused_at < t < resumed_at - timedelta(seconds=1)]
     assert not app.pause_schedule("nope") and not app.resume_schedule("nope")
+    assert app.unschedule("witness")
     assert app.unschedule("beat") and not app.unschedule("beat")
     assert app.list_schedules() == []
 
@@ -350,7 +360,7 @@ def test_a_row_edited_into_garbage_is_paused_and_the_worker_keeps_working(
                "'{\"n\": 4}')")
     with caplog.at_level(logging.WARNING, logger="pgdurable.schedules"):
         start_worker(app)
-        wait_for(lambda: db.execute("SELECT count(*) FROM schedules WHERE paused").fetchone()[0] == 2, 15,
+        wait_for(lambda: db.execute("SELECT count(*) FROM schedules WHERE paused").fetchone()[0] == 2, WAIT,
                  "both invalid schedules to be paused")  # type: ignore[index]
     errors = dict(db.execute("SELECT name, last_error FROM schedules WHERE paused"))
     assert "invalid cron expression 'every full moon'" in errors["bad-cron"]
@@ -359,9 +369,9 @@ def test_a_row_edited_into_garbage_is_paused_and_the_worker_keeps_working(
 
     # The worker goes on: the good schedule keeps firing, enqueued work runs.
     seen = len(_ticks(db, "good"))
-    assert app.enqueue(job, 21).result(timeout=15) == 42
-    wait_for(lambda: len(_ticks(db, "good")) >= seen + 2, 15, "the good schedule to keep firing")
-    wait_for(lambda: _ticks(db, "by-sql"), 15, "the schedule inserted by SQL to fire")
+    assert app.enqueue(job, 21).result(timeout=WAIT) == 42
+    wait_for(lambda: len(_ticks(db, "good")) >= seen + 2, WAIT, "the good schedule to keep firing")
+    wait_for(lambda: _ticks(db, "by-sql"), WAIT, "the schedule inserted by SQL to fire")
     assert not _ticks(db, "bad-cron") and not _ticks(db, "bad-zone")
 
     # It cannot be resumed as it is; redefining it with a valid expression brings it back.
@@ -369,7 +379,7 @@ def test_a_row_edited_into_garbage_is_paused_and_the_worker_keeps_working(
         app.resume_schedule("bad-cron")
     fixed = app.schedule("bad-cron", job, "* * * * * *", args={"n": 2})
     assert not fixed.paused and fixed.last_error is None
-    wait_for(lambda: _ticks(db, "bad-cron"), 15, "the redefined schedule to fire")
+    wait_for(lambda: _ticks(db, "bad-cron"), WAIT, "the redefined schedule to fire")
 
 
 def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, db: psycopg.Connection[Any],
@@ -383,7 +393,7 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
         app.scheduled("0 7 * * *", args={"year_end": False})(new_year)
     assert app.list_schedules() == []  # declared only: stored by a worker
     worker = start_worker(app)
-    stored = wait_for(lambda: app.get_schedule("new_year"), 15, "the worker to store the declared schedule")
+    stored = wait_for(lambda: app.get_schedule("new_year"), WAIT, "the worker to store the declared schedule")
     assert (stored.cron, stored.timezone, stored.args, stored.pass_scheduled_at) == (
         "0 6 1 1 *", PARIS, {"year_end": True}, True)
     assert stored.next_fire_at.astimezone(ZoneInfo(PARIS)).strftime("%m-%d %H:%M") == "01-01 06:00"
@@ -393,7 +403,7 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
     assert app.pause_schedule("new_year")
     paused = app.get_schedule("new_year")
     worker = start_worker(app)
-    wait_for(lambda: worker.worker._scheduler is not None and worker.worker._scheduler._declared, 15,
+    wait_for(lambda: worker.worker._scheduler is not None and worker.worker._scheduler._declared, WAIT,
              "the restarted worker to declare its schedules")
     worker.stop()
     assert app.get_schedule("new_year") == paused
@@ -406,12 +416,14 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
 
 def test_a_new_schedule_wakes_running_workers(make_app: Callable[..., pgdurable.App], db: psycopg.Connection[Any],
                                               start_worker: Callable[..., Any]) -> None:
-    app = make_app(poll_seconds=60.0)  # without the NOTIFY, the workers would look a minute later
-    start_worker(app)
-    start_worker(app)
-    time.sleep(1.0)
+    app = make_app(poll_seconds=3600.0)  # without the NOTIFY, the workers would look an hour later
+    workers = [start_worker(app), start_worker(app)]
+    # each scheduler has made its first pass (it declares first): from then on it sleeps, found nothing due
+    wait_for(lambda: all(w.worker._scheduler is not None and w.worker._scheduler._declared for w in workers), WAIT,
+             "both schedulers to start")
+    wait_listening(app, 2)
     created = app.schedule("soon", "elsewhere.workflow", "* * * * * *", queue="nobody")
-    wait_for(lambda: _ticks(db, "soon"), 10, "the first tick of a schedule created while workers sleep")
+    wait_for(lambda: _ticks(db, "soon"), WAIT, "the first tick of a schedule created while workers sleep")
     assert created.next_fire_at is not None and _ticks(db, "soon")[0] == created.next_fire_at
 
 

@@ -16,6 +16,7 @@ import pgdurable
 from pgdurable.cli import cli
 from pgdurable.migrations import latest_version, migrate
 from pgdurable.sqlfiles import migrations
+from tests.harness import WAIT
 
 
 def test_concurrent_migrations_apply_each_version_once(database_url: str, schema: str) -> None:
@@ -76,7 +77,7 @@ def test_cli_lists_shows_cancels_and_resumes(app: pgdurable.App, database_url: s
         return greet(name)
 
     start_worker(app)
-    app.enqueue(hello, "ada", workflow_id="cli-1").result(timeout=10)
+    app.enqueue(hello, "ada", workflow_id="cli-1").result(timeout=WAIT)
     app.enqueue(hello, "bob", workflow_id="cli-2", delay=3600)
 
     listed = _cli(database_url, schema, "workflows", "list", "--json")
@@ -108,7 +109,7 @@ def test_cli_lists_shows_cancels_and_resumes(app: pgdurable.App, database_url: s
 
     resumed = _cli(database_url, schema, "workflows", "resume", "cli-2", "--json")
     assert json.loads(resumed.output) == {"id": "cli-2", "resumed": True}
-    assert app.handle("cli-2").result(timeout=10) == "hello bob"  # resume also clears the delay
+    assert app.handle("cli-2").result(timeout=WAIT) == "hello bob"  # resume also clears the delay
 
     missing = _cli(database_url, schema, "workflows", "show", "nope")
     assert missing.exit_code == 1
@@ -122,7 +123,7 @@ def test_cli_workers_lists_live_workers_and_unrunnable_work(app: pgdurable.App, 
         pass
 
     runner = start_worker(app)
-    app.enqueue(known).result(timeout=10)
+    app.enqueue(known).result(timeout=WAIT)
     app.enqueue("typo_workflow", workflow_id="lost-1")
     shown = json.loads(_cli(database_url, schema, "workers", "--json").output)
     assert [w["id"] for w in shown["workers"]] == [runner.worker.id]

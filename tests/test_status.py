@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import pgdurable
 from pgdurable.cli import cli
 from pgdurable.migrations import latest_version
+from tests.harness import WAIT
 
 
 def _status(database_url: str, schema: str, *args: str) -> Any:
@@ -26,7 +27,7 @@ def test_healthy_status_shows_queues_workers_and_tables(app: pgdurable.App, data
         return to
 
     runner = start_worker(app)
-    app.enqueue(send, "ada@example.com").result(timeout=10)
+    app.enqueue(send, "ada@example.com").result(timeout=WAIT)
     app.enqueue(send, "bob@example.com", delay=3600)  # waits for its delayed start
 
     result = _status(database_url, schema, "--json")

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import pgdurable
 from pgdurable.metrics import PrometheusMetrics
 from pgdurable.tracing import Tracing
-from tests.harness import wait_for
+from tests.harness import WAIT, wait_for
 
 
 def free_port() -> int:
@@ -51,13 +51,13 @@ def test_prometheus_metrics_count_workflows_steps_claims_and_queue_depth(
 
     start_worker(app, queues=["default"])
     for i in range(3):
-        assert app.enqueue(good, i).result(timeout=10) == 2 * i
+        assert app.enqueue(good, i).result(timeout=WAIT) == 2 * i
     with pytest.raises(pgdurable.WorkflowFailed):
-        app.enqueue(bad).result(timeout=10)
+        app.enqueue(bad).result(timeout=WAIT)
     app.enqueue(parked)  # nobody serves "parked": it shows in the queue depth
     value = metrics.registry.get_sample_value
     # The worker counts an attempt just after its result is committed (which is what woke result()).
-    wait_for(lambda: value("pgdurable_workflows_finished_total", {"workflow": "bad", "outcome": "failed"}), 5,
+    wait_for(lambda: value("pgdurable_workflows_finished_total", {"workflow": "bad", "outcome": "failed"}), WAIT,
              "the last attempt to be counted")
     assert value("pgdurable_workflows_started_total", {"workflow": "good"}) == 3
     assert value("pgdurable_workflows_finished_total", {"workflow": "good", "outcome": "succeeded"}) == 3
@@ -70,7 +70,7 @@ def test_prometheus_metrics_count_workflows_steps_claims_and_queue_depth(
 
     port = free_port()
     metrics.serve(port)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT).read().decode()
     assert 'pgdurable_workflows_started_total{workflow="good"} 3.0' in body
     assert "pgdurable_claim_seconds_bucket" in body
 
@@ -100,9 +100,9 @@ def test_a_trace_spans_the_request_the_workflow_its_steps_and_its_children(
     tracer = provider.get_tracer("test")
     with tracer.start_as_current_span("http request") as request:
         handle = app.enqueue(parent, 1)
-    assert handle.result(timeout=15) == 3
+    assert handle.result(timeout=WAIT) == 3
     # The attempt's span ends just after its result is committed (which is what woke result()).
-    wait_for(lambda: len([s for s in exporter.get_finished_spans() if s.name == "workflow parent"]) == 2, 5,
+    wait_for(lambda: len([s for s in exporter.get_finished_spans() if s.name == "workflow parent"]) == 2, WAIT,
              "the parent's last span to end")
     spans = exporter.get_finished_spans()
     trace_ids = {s.context.trace_id for s in spans}

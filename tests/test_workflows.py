@@ -18,6 +18,8 @@ from psycopg import sql
 from pydantic import BaseModel
 
 import pgdurable
+from pgdurable import client
+from tests.harness import WAIT, wait_for, wait_listening
 
 
 def execute(app: pgdurable.App, statement: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -46,7 +48,7 @@ def test_enqueue_runs_steps_and_returns_result(app: pgdurable.App, start_worker:
 
     start_worker(app)
     handle = app.enqueue(three_steps, 1, workflow_id="order-1")
-    assert handle.result(timeout=10) == 4
+    assert handle.result(timeout=WAIT) == 4
     assert handle.status() == "succeeded"
     steps = app.steps("order-1")
     assert [(s.step_id, s.step_name, s.output) for s in steps] == [
@@ -66,7 +68,7 @@ async def test_async_workflow_and_async_client(app: pgdurable.App, start_worker:
 
     start_worker(app)
     handle = await app.enqueue_async(doubled_twice, 5)
-    assert await handle.result_async(timeout=10) == 20
+    assert await handle.result_async(timeout=WAIT) == 20
     assert await handle.status_async() == "succeeded"
 
 
@@ -85,9 +87,9 @@ def test_workflow_id_is_an_idempotency_key(app: pgdurable.App, start_worker: Cal
     first = app.enqueue(once, "a", workflow_id="same-id")
     second = app.enqueue(once, "a", workflow_id="same-id")
     start_worker(app)
-    assert first.result(timeout=10) == second.result(timeout=10) == "a"
+    assert first.result(timeout=WAIT) == second.result(timeout=WAIT) == "a"
     third = app.enqueue(once, "a", workflow_id="same-id")  # after completion, still the same execution
-    assert third.result(timeout=10) == "a"
+    assert third.result(timeout=WAIT) == "a"
     assert runs == {"a": 1}
     assert execute(app, "SELECT count(*) FROM workflow_executions")[0][0] == 1
 
@@ -124,9 +126,9 @@ def test_replay_returns_recorded_outputs_and_errors_without_running(
 
     start_worker(app)
     handle = app.enqueue(flow, 4, workflow_id="replay-1")
-    assert handle.result(timeout=10) == "40 / caught bad input 4"
+    assert handle.result(timeout=WAIT) == "40 / caught bad input 4"
     simulate_crash(app, "replay-1")
-    assert handle.result(timeout=10) == "40 / caught bad input 4"
+    assert handle.result(timeout=WAIT) == "40 / caught bad input 4"
     assert runs == {"fetch": 1, "explode": 1}
     assert app.get("replay-1").attempt == 2  # type: ignore[union-attr]
     error_step = app.steps("replay-1")[1]
@@ -148,7 +150,7 @@ def test_changed_step_order_raises_a_clear_nondeterminism_error(
         return reserve()
 
     runner = start_worker(old)
-    assert old.enqueue(checkout_v1, workflow_id="nd-1").result(timeout=10) == "reserved"
+    assert old.enqueue(checkout_v1, workflow_id="nd-1").result(timeout=WAIT) == "reserved"
     runner.stop()
 
     new = make_app(app_version="v1")
@@ -164,7 +166,7 @@ def test_changed_step_order_raises_a_clear_nondeterminism_error(
     simulate_crash(new, "nd-1")
     start_worker(new)
     with pytest.raises(pgdurable.WorkflowFailed) as failure:
-        new.handle("nd-1").result(timeout=10)
+        new.handle("nd-1").result(timeout=WAIT)
     assert failure.value.type == "pgdurable.errors.NonDeterminismError"
     assert "'charge'" in failure.value.remote_message and "'reserve'" in failure.value.remote_message
 
@@ -184,7 +186,7 @@ def test_steps_retry_with_backoff_then_succeed(app: pgdurable.App, start_worker:
         return flaky()
 
     start_worker(app)
-    assert app.enqueue(uses_flaky, workflow_id="flaky").result(timeout=10) == "ok"
+    assert app.enqueue(uses_flaky, workflow_id="flaky").result(timeout=WAIT) == "ok"
     assert len(calls) == 3
     assert calls[1] - calls[0] >= 0.05 and calls[2] - calls[1] >= 0.1  # exponential backoff
     assert app.steps("flaky")[0].attempts == 3
@@ -211,9 +213,9 @@ def test_spent_retries_and_non_retryable_errors_fail_the_workflow(
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed) as declined:
-        app.enqueue(pay, "declined").result(timeout=10)
+        app.enqueue(pay, "declined").result(timeout=WAIT)
     with pytest.raises(pgdurable.WorkflowFailed) as timed_out:
-        app.enqueue(pay, "timeout").result(timeout=10)
+        app.enqueue(pay, "timeout").result(timeout=WAIT)
     assert attempts == {"declined": 1, "timeout": 3}
     assert declined.value.type.endswith("PaymentDeclined")
     assert declined.value.remote_message == "card declined"
@@ -248,7 +250,7 @@ def test_typed_arguments_and_results_round_trip(app: pgdurable.App, start_worker
     customer = Customer(id=uuid.uuid4(), since=datetime.date(2020, 1, 2))
     at = datetime.datetime(2026, 1, 1, 12, 30, tzinfo=datetime.UTC)
     items = [Item("a", decimal.Decimal("1.10")), Item("b", decimal.Decimal("2.05"))]
-    result = app.enqueue(invoice, customer, items, at, b"\x00\xffbin", (7, "x")).result(timeout=10)
+    result = app.enqueue(invoice, customer, items, at, b"\x00\xffbin", (7, "x")).result(timeout=WAIT)
     assert result == (customer, decimal.Decimal("3.15"), at, b"\x00\xffbin", (7, "x"))
     # and the stored input is plain, readable JSON
     stored = execute(app, "SELECT input->'items'->0->>'sku', input->'customer'->>'since' FROM workflow_executions")
@@ -277,20 +279,20 @@ def test_reserved_parameter_names_are_rejected_at_decoration(app: pgdurable.App)
 
 
 def test_result_waits_are_woken_by_notify(make_app: Callable[..., pgdurable.App],
-                                          start_worker: Callable[..., Any]) -> None:
-    # Workers poll only every 30 s here, and result waiters re-check only every 5 s: a prompt result proves
-    # both the worker and the waiter were woken by NOTIFY.
-    app = make_app(poll_seconds=30.0)
+                                          start_worker: Callable[..., Any],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers poll and result waiters re-check only hourly here: a result at all proves both the worker and the
+    # waiter were woken by NOTIFY (however loaded the machine, without a wall-clock threshold).
+    monkeypatch.setattr(client, "_RECHECK_SECONDS", 3600.0)
+    app = make_app(poll_seconds=3600.0)
 
     @app.workflow()
     def quick() -> str:
         return "done"
 
     start_worker(app)
-    time.sleep(0.5)  # let the worker reach its idle wait
-    started = time.monotonic()
-    assert app.enqueue(quick).result(timeout=10) == "done"
-    assert time.monotonic() - started < 2.0
+    wait_listening(app)
+    assert app.enqueue(quick).result(timeout=WAIT) == "done"
 
 
 def test_result_timeout(app: pgdurable.App) -> None:
@@ -302,7 +304,7 @@ def test_result_timeout(app: pgdurable.App) -> None:
     with pytest.raises(pgdurable.ResultTimeout):
         handle.result(timeout=0.3)
     with pytest.raises(pgdurable.WorkflowNotFound):
-        app.handle("no-such-id").result(timeout=1)
+        app.handle("no-such-id").result(timeout=WAIT)
 
 
 def test_cancel_enqueued_and_running(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
@@ -311,7 +313,7 @@ def test_cancel_enqueued_and_running(app: pgdurable.App, start_worker: Callable[
 
     @app.step()
     def wait_for_gate() -> None:
-        gate.wait(10)
+        gate.wait(WAIT)
 
     @app.step()
     def after() -> None:
@@ -325,18 +327,18 @@ def test_cancel_enqueued_and_running(app: pgdurable.App, start_worker: Callable[
     queued = app.enqueue(long_one, workflow_id="queued", delay=60)
     assert queued.cancel() is True
     with pytest.raises(pgdurable.WorkflowCancelled):
-        queued.result(timeout=5)
+        queued.result(timeout=WAIT)
 
-    start_worker(app)
+    runner = start_worker(app)
     running = app.enqueue(long_one, workflow_id="running")
-    deadline = time.monotonic() + 10
-    while running.status() != "running" and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: running.status() == "running", WAIT, "the workflow to run")
     assert app.cancel("running") is True
     gate.set()
     with pytest.raises(pgdurable.WorkflowCancelled):
-        running.result(timeout=5)
-    time.sleep(0.3)
+        running.result(timeout=WAIT)
+    # once the worker has let go of the attempt (and its step thread), nothing more of it can run
+    wait_for(lambda: "running" not in runner.worker.running and runner.worker.busy_threads == 0, WAIT,
+             "the worker to drop the cancelled attempt")
     assert not ran_after_cancel.is_set()  # its first step could not be recorded, so it stopped there
     assert app.steps("running") == []
     assert app.cancel("running") is False  # already terminal
@@ -365,10 +367,10 @@ def test_resume_reruns_the_failed_step_only(app: pgdurable.App, start_worker: Ca
     start_worker(app)
     handle = app.enqueue(two_steps, workflow_id="resume-me")
     with pytest.raises(pgdurable.WorkflowFailed, match="downstream is down"):
-        handle.result(timeout=10)
+        handle.result(timeout=WAIT)
     broken["yes"] = False
     assert app.resume("resume-me") is True
-    assert handle.result(timeout=10) == ["one", "two"]
+    assert handle.result(timeout=WAIT) == ["one", "two"]
     assert runs == {"first": 1, "second": 2}
     assert app.resume("resume-me") is False  # only failed or cancelled executions resume
 
@@ -385,10 +387,8 @@ def test_priority_then_age_orders_claims(app: pgdurable.App, start_worker: Calla
     app.enqueue(record, "low-new", priority=5)
     last = app.enqueue(record, "default", priority=0)
     start_worker(app, concurrency=1)
-    last.result(timeout=10)
-    deadline = time.monotonic() + 10
-    while len(order) < 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    last.result(timeout=WAIT)
+    wait_for(lambda: len(order) == 4, WAIT, "all four to run")
     assert order == ["high", "default", "low-old", "low-new"]
 
 
@@ -400,7 +400,7 @@ def test_delay_holds_an_execution_back(app: pgdurable.App, start_worker: Callabl
     start_worker(app)
     enqueued_at = time.time()
     handle = app.enqueue(later, delay=1.0)
-    assert handle.result(timeout=10) - enqueued_at >= 1.0
+    assert handle.result(timeout=WAIT) - enqueued_at >= 1.0
 
 
 def test_start_runs_in_process(app: pgdurable.App) -> None:
@@ -413,10 +413,10 @@ def test_start_runs_in_process(app: pgdurable.App) -> None:
         return [square(i) for i in range(n)]
 
     handle = app.start(squares, 4, workflow_id="local")
-    assert handle.result(timeout=10) == [0, 1, 4, 9]
+    assert handle.result(timeout=WAIT) == [0, 1, 4, 9]
     assert len(app.steps("local")) == 4
     again = app.start(squares, 4, workflow_id="local")  # idempotent: returns the finished execution
-    assert again.result(timeout=1) == [0, 1, 4, 9]
+    assert again.result(timeout=WAIT) == [0, 1, 4, 9]
 
 
 def test_direct_call_runs_the_plain_function(app: pgdurable.App) -> None:
@@ -447,7 +447,7 @@ def test_workflow_id_visible_inside_workflow_and_nested_steps_are_plain(
         return [outer(), pgdurable.current_workflow_id()]
 
     start_worker(app)
-    assert app.enqueue(who, workflow_id="me").result(timeout=10) == ["me", "me"]
+    assert app.enqueue(who, workflow_id="me").result(timeout=WAIT) == ["me", "me"]
     assert [s.step_name for s in app.steps("me")] == ["outer"]
 
 
@@ -481,7 +481,7 @@ def test_pluggable_serializer(make_app: Callable[..., pgdurable.App], start_work
         return echo(text)
 
     start_worker(app)
-    assert app.enqueue(shout, "hi", workflow_id="ser").result(timeout=10) == "hi"
+    assert app.enqueue(shout, "hi", workflow_id="ser").result(timeout=WAIT) == "hi"
     assert app.steps("ser")[0].output == '"HI"'
     assert execute(app, "SELECT output FROM workflow_executions WHERE id = 'ser'") == [("HI",)]
     assert serializer.calls["dumps"] >= 2 and serializer.calls["loads"] >= 1
@@ -499,7 +499,7 @@ def test_sync_step_in_async_workflow_fails_with_guidance(app: pgdurable.App,
 
     start_worker(app)
     with pytest.raises(pgdurable.WorkflowFailed, match="async def"):
-        app.enqueue(mixed).result(timeout=10)
+        app.enqueue(mixed).result(timeout=WAIT)
 
 
 def test_enqueue_many_is_atomic_and_idempotent(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
@@ -521,9 +521,9 @@ def test_enqueue_many_is_atomic_and_idempotent(app: pgdurable.App, start_worker:
         app.enqueue_many(add, [(1,), (object(),)])
     many = app.enqueue_many(add, [(i, i) for i in range(12000)])  # several statements, one transaction
     start_worker(app, concurrency=64)
-    assert [h.result(timeout=10) for h in handles] == [3, 5, 3]
-    assert again[0].result(timeout=10) == 3
-    assert many[-1].result(timeout=60) == 2 * 11999
+    assert [h.result(timeout=WAIT) for h in handles] == [3, 5, 3]
+    assert again[0].result(timeout=WAIT) == 3
+    assert many[-1].result(timeout=WAIT) == 2 * 11999
     counts = execute(app, "SELECT status, count(*) FROM workflow_executions WHERE name = 'add' GROUP BY 1")
     assert len(many) == 12000
     assert dict(counts)["succeeded"] + dict(counts).get("running", 0) + dict(counts).get("enqueued", 0) == 12003
@@ -536,4 +536,4 @@ async def test_enqueue_many_async(app: pgdurable.App, start_worker: Callable[...
 
     handles = await app.enqueue_many_async(square, [(i,) for i in range(5)])
     start_worker(app)
-    assert [await h.result_async(timeout=10) for h in handles] == [0, 1, 4, 9, 16]
+    assert [await h.result_async(timeout=WAIT) for h in handles] == [0, 1, 4, 9, 16]
