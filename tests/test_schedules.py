@@ -28,8 +28,8 @@ import pgdurable
 from pgdurable.cli import cli
 from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
-from pgdurable.scheduler import fire_due
 from pgdurable.sqlfiles import migrations
+from pgdurable.worker.maintenance.scheduler import fire_due
 from tests.harness import wait_for
 
 PARIS = "Europe/Paris"
@@ -393,7 +393,7 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
     assert app.pause_schedule("new_year")
     paused = app.get_schedule("new_year")
     worker = start_worker(app)
-    wait_for(lambda: worker.worker._scheduler is not None and worker.worker._scheduler._declared, 15,
+    wait_for(lambda: worker.worker.scheduler is not None and worker.worker.scheduler._declared, 15,
              "the restarted worker to declare its schedules")
     worker.stop()
     assert app.get_schedule("new_year") == paused

@@ -1,0 +1,86 @@
+"""Leadership: one worker per schema runs the maintenance duties that only add load when every worker runs
+them (``maintenance.Duty.leader_only``).
+
+As River does: each claiming worker keeps a dedicated session and tries ``pg_try_advisory_lock`` on a key
+derived from the schema name every poll interval. The session that gets the lock is the leader until it
+releases it (a graceful stop) or the session ends: a leader that crashes, is SIGKILLed or loses its
+connection loses the lock with its session, and another worker takes it at its next try, within a poll
+interval. The leader checks its session every poll interval and stops its duties as soon as the check
+fails. Two leaders can therefore overlap for at most a poll interval (a session ended between two checks):
+the duties are idempotent statements, so that wastes a little work and never breaks anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+
+from .. import store
+from ..db import Database
+from .maintenance import Duty
+
+log = logging.getLogger("pgdurable.worker")
+
+
+class Leadership:
+    """Campaigns for the schema's leadership and, while this worker holds it, runs the leader's duties."""
+
+    def __init__(self, db: Database, worker_id: str, poll_seconds: float, duties: list[Duty]) -> None:
+        self.db = db
+        self.worker_id = worker_id
+        self.poll_seconds = poll_seconds
+        self.duties = duties
+        self.is_leader = False
+        self.elections = 0  # how many times this worker became the leader
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def run(self) -> None:
+        schema = self.db.schema
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                conn = await self.db.aconnect()
+                while True:
+                    try:
+                        if not self.is_leader:
+                            if await store.arun(conn, store.try_leadership(schema)):
+                                self._lead()
+                        elif not await store.arun(conn, store.holds_leadership(schema)):
+                            self._resign("its lock is gone")
+                    except psycopg.errors.QueryCanceled:
+                        pass  # a statement timeout or pg_cancel_backend: the session and its lock live on
+                    await asyncio.sleep(self.poll_seconds)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.is_leader:
+                    self._resign(f"its session failed: {exc}")
+                else:
+                    log.debug("worker %s: cannot campaign for leadership (%s)", self.worker_id, exc)
+                await asyncio.sleep(min(self.poll_seconds, 1.0))
+            finally:
+                self._stop_duties()
+                if conn is not None:  # ending the session releases the lock: another worker takes over
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+    def _lead(self) -> None:
+        self.is_leader = True
+        self.elections += 1
+        log.info("worker %s: elected leader of schema %s", self.worker_id, self.db.schema)
+        self._tasks = [asyncio.create_task(duty.run(), name=f"pgdurable-leader:{type(duty).__name__}")
+                       for duty in self.duties if duty.enabled]
+
+    def _resign(self, why: str) -> None:
+        log.warning("worker %s: no longer the leader of schema %s (%s)", self.worker_id, self.db.schema, why)
+        self._stop_duties()
+
+    def _stop_duties(self) -> None:
+        self.is_leader = False
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
