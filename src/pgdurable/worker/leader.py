@@ -6,7 +6,14 @@ derived from the schema name every poll interval. The session that gets the lock
 releases it (a graceful stop) or the session ends: a leader that crashes, is SIGKILLed or loses its
 connection loses the lock with its session, and another worker takes it at its next try, within a poll
 interval. The leader checks its session every poll interval and stops its duties as soon as the check
-fails. Two leaders can therefore overlap for at most a poll interval (a session ended between two checks):
+fails.
+
+A leader whose process is paused (SIGSTOP, a frozen VM, a loop blocked for long) keeps a healthy TCP session,
+so the server would never end it, and nothing would be swept until it resumed. So the leader's session sets
+``idle_session_timeout``: its checks keep it busy every poll interval, and once they stop for ``deposed_after``
+seconds (the lease period, at least three poll intervals) the server ends the session and the lock goes to
+another worker; the paused leader finds its session gone when it resumes, and resigns. Two leaders can
+therefore overlap for at most a poll interval (a session ended between two checks):
 the duties are idempotent statements, so that wastes a little work and never breaks anything.
 """
 
@@ -25,14 +32,18 @@ from .maintenance import Duty
 
 log = logging.getLogger("pgdurable.worker")
 
+_IDLE_SESSION_TIMEOUT_SQL = "SELECT set_config('idle_session_timeout', %s, false)"
+
 
 class Leadership:
     """Campaigns for the schema's leadership and, while this worker holds it, runs the leader's duties."""
 
-    def __init__(self, db: Database, worker_id: str, poll_seconds: float, duties: list[Duty]) -> None:
+    def __init__(self, db: Database, worker_id: str, *, poll_seconds: float, deposed_after: float,
+                 duties: list[Duty]) -> None:
         self.db = db
         self.worker_id = worker_id
         self.poll_seconds = poll_seconds
+        self.deposed_after = max(deposed_after, 3 * poll_seconds)
         self.duties = duties
         self.is_leader = False
         self.elections = 0  # how many times this worker became the leader
@@ -44,6 +55,7 @@ class Leadership:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await self.db.aconnect()
+                await conn.execute(_IDLE_SESSION_TIMEOUT_SQL, (str(int(self.deposed_after * 1000)),))
                 while True:
                     try:
                         if not self.is_leader:
