@@ -117,3 +117,23 @@ def test_killed_leader_hands_over_and_its_expired_lease_is_swept(h: WorkerHarnes
     assert execution["output"]["pid"] == second.pid
     assert f"execution {wid}: lease expired, re-enqueued" in h.log(second)
     assert second.poll() is None
+
+
+def test_paused_leader_is_deposed_and_resigns_when_it_resumes(h: WorkerHarness, schema: str) -> None:
+    first = h.start(("-c", "2"), {}, wait=True)
+    wait_for(lambda: "elected leader" in h.log(first), 15, "the first worker to lead")
+    second = h.start(("-c", "2"), {}, wait=True)
+    [paused_backend] = lock_holders(h.db, schema)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        # Its session idles past three poll intervals (0.9 s; at least 1 s): the server ends it, and the
+        # lock with it, although the paused process never closed anything.
+        wait_for(lambda: "elected leader" in h.log(second), 15, "the other worker to be elected")
+        assert lock_holders(h.db, schema) not in ([], [paused_backend])
+    finally:
+        first.send_signal(signal.SIGCONT)
+    wait_for(lambda: "no longer the leader" in h.log(first), 15, "the resumed worker to resign")
+    time.sleep(1.0)
+    assert len(lock_holders(h.db, schema)) == 1
+    assert h.log(first).count("elected leader") == 1  # it campaigns again, and loses
+    assert first.poll() is None and second.poll() is None

@@ -95,8 +95,7 @@ class Worker:
         self.listener = Listener(runtime.db, self.id, on_work=self._work_notified,
                                  on_schedules=self._schedules_notified, on_stop=self._stop_notified)
         self.policy_refresh = PolicyRefresh(deps, self.queues, self._set_policies)
-        self.leadership = Leadership(runtime.db, self.id, poll_seconds=self.settings.poll_seconds,
-                                     deposed_after=self.settings.lease_seconds, duties=[
+        self.leadership = Leadership(runtime.db, self.id, self.settings.poll_seconds, [
             Sweeper(deps), Deadlines(deps), Unrunnable(deps), Retention(deps), WorkerPruning(deps)])
         self.scheduler: Scheduler | None = None
 

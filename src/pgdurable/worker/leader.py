@@ -10,9 +10,11 @@ fails.
 
 A leader whose process is paused (SIGSTOP, a frozen VM, a loop blocked for long) keeps a healthy TCP session,
 so the server would never end it, and nothing would be swept until it resumed. So the leader's session sets
-``idle_session_timeout``: its checks keep it busy every poll interval, and once they stop for ``deposed_after``
-seconds (the lease period, at least three poll intervals) the server ends the session and the lock goes to
-another worker; the paused leader finds its session gone when it resumes, and resigns. Two leaders can
+``idle_session_timeout``: its checks keep it busy every poll interval, and once they stop for three poll
+intervals (at least 1 s) the server ends the session and the lock goes to another worker; the paused leader
+finds its session gone when it resumes, and resigns. Short, because while a paused leader is not deposed
+nobody sweeps: a crashed worker's executions would wait for that on top of their lease. Deposing a leader
+that was only slow costs nothing but a new election. Two leaders can
 therefore overlap for at most a poll interval (a session ended between two checks):
 the duties are idempotent statements, so that wastes a little work and never breaks anything.
 """
@@ -38,12 +40,11 @@ _IDLE_SESSION_TIMEOUT_SQL = "SELECT set_config('idle_session_timeout', %s, false
 class Leadership:
     """Campaigns for the schema's leadership and, while this worker holds it, runs the leader's duties."""
 
-    def __init__(self, db: Database, worker_id: str, *, poll_seconds: float, deposed_after: float,
-                 duties: list[Duty]) -> None:
+    def __init__(self, db: Database, worker_id: str, poll_seconds: float, duties: list[Duty]) -> None:
         self.db = db
         self.worker_id = worker_id
         self.poll_seconds = poll_seconds
-        self.deposed_after = max(deposed_after, 3 * poll_seconds)
+        self.deposed_after = max(3 * poll_seconds, 1.0)  # silent this long, a leader's session is ended
         self.duties = duties
         self.is_leader = False
         self.elections = 0  # how many times this worker became the leader
