@@ -19,8 +19,8 @@ from psycopg.conninfo import make_conninfo
 import pgdurable
 from pgdurable.db import aconfigure
 from pgdurable.migrations import latest_version, migrate
-from pgdurable.scheduler import execution_id, fire_due
 from pgdurable.sqlfiles import migrations
+from pgdurable.worker.maintenance.scheduler import execution_id, fire_due
 from tests.conftest import FAST
 from tests.harness import execution, wait_for
 

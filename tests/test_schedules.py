@@ -28,8 +28,8 @@ import pgdurable
 from pgdurable.cli import cli
 from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
-from pgdurable.scheduler import fire_due
 from pgdurable.sqlfiles import migrations
+from pgdurable.worker.maintenance.scheduler import fire_due
 from tests.harness import WAIT, wait_for, wait_listening
 
 PARIS = "Europe/Paris"
@@ -403,7 +403,7 @@ def test_declared_schedules_are_stored_when_a_worker_starts(app: pgdurable.App, 
     assert app.pause_schedule("new_year")
     paused = app.get_schedule("new_year")
     worker = start_worker(app)
-    wait_for(lambda: worker.worker._scheduler is not None and worker.worker._scheduler._declared, WAIT,
+    wait_for(lambda: worker.worker.scheduler is not None and worker.worker.scheduler._declared, WAIT,
              "the restarted worker to declare its schedules")
     worker.stop()
     assert app.get_schedule("new_year") == paused
@@ -419,7 +419,7 @@ def test_a_new_schedule_wakes_running_workers(make_app: Callable[..., pgdurable.
     app = make_app(poll_seconds=3600.0)  # without the NOTIFY, the workers would look an hour later
     workers = [start_worker(app), start_worker(app)]
     # each scheduler has made its first pass (it declares first): from then on it sleeps, found nothing due
-    wait_for(lambda: all(w.worker._scheduler is not None and w.worker._scheduler._declared for w in workers), WAIT,
+    wait_for(lambda: all(w.worker.scheduler is not None and w.worker.scheduler._declared for w in workers), WAIT,
              "both schedulers to start")
     wait_listening(app, 2)
     created = app.schedule("soon", "elsewhere.workflow", "* * * * * *", queue="nobody")

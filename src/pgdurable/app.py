@@ -405,7 +405,7 @@ class App:
         """Create or upgrade the schema; returns the migration versions applied."""
         return migrate(self.db.conninfo, self.schema)
 
-    # -- schedules (the logic lives in schedules.py and scheduler.py) ---------------------------------------
+    # -- schedules (logic: schedules.py, and worker/maintenance/scheduler.py fires them) ------------------
 
     def schedule(self, name: str, workflow: Workflow[..., Any] | str, cron: str, *, timezone: str = "UTC",
                  queue: str | None = None, priority: int | None = None, args: Mapping[str, Any] | None = None,

@@ -44,7 +44,8 @@ class Settings:
     lease_seconds: float = 30.0
     # How often a worker looks for work when no NOTIFY arrived (a fallback, not the latency).
     poll_seconds: float = 2.0
-    # How often a worker looks for expired leases of other (crashed) workers.
+    # How often the leader worker looks for expired leases of other (crashed) workers, passed deadlines and
+    # unrunnable work (see worker/leader.py).
     sweep_seconds: float = 5.0
     # How many times an execution's lease may expire before it is dead-lettered.
     max_recoveries: int = 5
@@ -59,10 +60,10 @@ class Settings:
     # The application version stamped on every execution this app's workers start; only workers of the
     # same version resume it. None: ``PGDURABLE_APP_VERSION``, else a hash of the workflows' source code.
     app_version: str | None = None
-    # Automatic retention: when set, each worker's sweep deletes one batch of finished executions (and their
-    # steps) that were created and finished more than this many seconds ago. None keeps everything.
+    # Automatic retention: when set, the leader deletes one batch of finished executions (and their steps)
+    # created and finished more than this many seconds ago every sweep_seconds. None keeps everything.
     retention_seconds: float | None = None
-    # Executions deleted per sweep by automatic retention: at most this many every ~sweep_seconds per worker.
+    # Executions deleted per pass by automatic retention: at most this many every sweep_seconds, per schema.
     retention_batch_size: int = 500
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """Cron schedules as data: their rows, definitions and statements.
 
 A schedule enqueues one execution of a workflow per tick of a cron expression in a time zone (cron.py reads
-the expression). scheduling.py checks and stores definitions for the App; workers fire them (scheduler.py).
+the expression). scheduling.py checks and stores definitions for the App; workers fire them
+(worker/maintenance/scheduler.py).
 """
 
 from __future__ import annotations

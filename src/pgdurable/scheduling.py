@@ -1,6 +1,6 @@
 """What the App's schedule methods do: check a definition now (so that a bad one fails at creation, not at
 3 am), store it, remember a declared one for the workers, resume a paused one. The rows and statements are in
-schedules.py; workers fire schedules in scheduler.py."""
+schedules.py; workers fire schedules in worker/maintenance/scheduler.py."""
 
 from __future__ import annotations
 

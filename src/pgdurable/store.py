@@ -494,3 +494,11 @@ def queue_depths() -> Call[list[tuple[Any, ...]]]:
 def trace_contexts(ids: list[str]) -> Call[dict[str, Any]]:
     """The stored trace context (JSON text) of those executions that have one."""
     return Call("trace_contexts", {"ids": ids}, _pairs)
+
+
+def try_leadership(schema: str) -> Call[bool]:
+    return Call("try_leadership", {"schema": schema}, lambda rows: bool(rows[0][0]))
+
+
+def holds_leadership(schema: str) -> Call[bool]:
+    return Call("holds_leadership", {"schema": schema}, lambda rows: bool(rows[0][0]))

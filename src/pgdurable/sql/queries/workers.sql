@@ -23,3 +23,14 @@ ORDER BY started_at;
 
 -- name: list_unrunnable
 SELECT id, name, queue, created_at, reason FROM unrunnable_executions ORDER BY created_at LIMIT %(limit)s;
+
+-- name: try_leadership
+-- The leader's session-level advisory lock, keyed on the schema: held until released or the session ends.
+SELECT pg_try_advisory_lock(hashtextextended('pgdurable leader ' || %(schema)s, 0));
+
+-- name: holds_leadership
+SELECT EXISTS (
+    SELECT FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid() AND granted
+      AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('pgdurable leader ' || %(schema)s, 0));
+

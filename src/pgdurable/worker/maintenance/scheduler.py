@@ -1,4 +1,4 @@
-"""Firing cron schedules, from inside every worker.
+"""The scheduler: fires cron schedules, from inside every worker.
 
 One firing pass is one short transaction: lock the due schedules (``FOR UPDATE SKIP LOCKED``), read the
 database's ``now()``, enqueue one execution per due tick with the id ``sched:<name>:<tick>`` (``ON CONFLICT
@@ -6,6 +6,11 @@ database's ``now()``, enqueue one execution per due tick with the id ``sched:<na
 commit together or not at all, and the lock keeps every other worker off the schedule meanwhile, so each tick
 fires exactly once however many workers run and whenever they crash. Only the database's clock decides
 what is due: a worker's clock, however wrong, changes nothing but how long it sleeps between looks.
+
+Every worker, not only the leader: firing is already exactly-once and safe everywhere (the row locks above),
+a worker sleeps until the next due time so its idle cost is one indexed statement per poll interval, and each
+worker must store the schedules its own code declares (``@app.scheduled``). On the leader alone, a tick due
+while leadership changes hands would fire up to a poll interval late.
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from . import schedules, store
-from .cron import CronSchedule
+from ... import schedules, store
+from ...cron import CronSchedule
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
-    from .runtime import Runtime
+    from ...runtime import Runtime
 
 log = logging.getLogger("pgdurable.schedules")
 

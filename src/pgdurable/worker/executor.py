@@ -1,0 +1,219 @@
+"""The executor: runs the executions a worker owns, records how they ended, and gives them up when told.
+
+Async workflows run as tasks on the worker's loop; sync workflows run in a thread pool and hand their
+checkpoint writes to the loop, so every database write goes through one code path (the write batcher).
+The executor also keeps the worker's slot count: producers claim only what it has room for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import failures, store
+from ..batcher import Completion, WriteBatcher
+from ..context import ExecutionContext
+from ..errors import LeaseLost, SerializationError
+from ..runtime import Runtime
+from ..waits import Suspended
+
+if TYPE_CHECKING:
+    from ..workflows import Workflow
+
+log = logging.getLogger("pgdurable.worker")
+
+
+@dataclass
+class Running:
+    claimed: store.Claimed
+    context: ExecutionContext
+    task: asyncio.Task[None] | None = None
+    queue: str | None = None
+
+
+class Executor:
+    """Runs owned executions within ``concurrency`` slots. ``on_free`` is called whenever a slot frees up
+    (producers waiting for room claim again); ``on_suspend`` when a workflow suspends until a time."""
+
+    def __init__(self, runtime: Runtime, worker_id: str, concurrency: int, *, on_free: Callable[[], None],
+                 on_suspend: Callable[[Any], None]) -> None:
+        self.runtime = runtime
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.observers = runtime.observers
+        self.running: dict[str, Running] = {}
+        # Slots promised to claims in flight: several producers claim at once, and together they must not
+        # claim more than the free slots.
+        self.reserved = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.batcher: WriteBatcher | None = None
+        self._on_free = on_free
+        self._on_suspend = on_suspend
+        # Twice the slots: a sync workflow given up while stuck in a step (lease lost, cancelled, timed out)
+        # frees its slot at once, but Python cannot stop its thread, which stays busy until the step returns.
+        self.threads = ThreadPoolExecutor(max_workers=2 * concurrency, thread_name_prefix="pgdurable-workflow")
+        # Sync workflows inside a thread right now. Counted in the thread itself: a released workflow's task
+        # is cancelled at loop shutdown while its thread runs on, so self.running no longer shows it.
+        self.busy_threads = 0
+        self._busy_lock = threading.Lock()
+
+    def _is_async(self, name: str) -> bool:
+        workflow = self.runtime.registry.workflows.get(name)
+        return workflow is not None and workflow.is_async
+
+    def start(self, loop: asyncio.AbstractEventLoop, batcher: WriteBatcher) -> None:
+        self.loop, self.batcher = loop, batcher
+
+    def free(self) -> int:
+        return self.concurrency - len(self.running) - self.reserved
+
+    def count(self, queue: str) -> int:
+        return sum(1 for r in self.running.values() if r.queue == queue)
+
+    async def launch(self, claimed: list[store.Claimed], queue: str, pool_run: Any) -> bool:
+        """Start the claimed executions; False if they could not be started (and were handed back)."""
+        resumed = [c.id for c in claimed if c.has_history]
+        try:
+            recorded = await pool_run(store.load_steps(resumed)) if resumed else {}
+            traces = await pool_run(store.trace_contexts([c.id for c in claimed])) if self.observers else {}
+        except Exception as exc:
+            # Not knowing their checkpoints, do not run them: hand them back to the queue at once (if that
+            # fails too, their leases expire and they are swept). The producer carries on.
+            log.warning("worker %s: could not load the checkpoints of %d resumed executions (%s); releasing "
+                        "the %d just claimed", self.worker_id, len(resumed), exc, len(claimed))
+            assert self.batcher is not None
+            with contextlib.suppress(Exception):
+                await self.batcher.run(store.release(owner=self.worker_id, ids=[c.id for c in claimed]))
+            return False
+        for execution in claimed:
+            self.adopt(execution, recorded.get(execution.id, {}), queue, traces.get(execution.id))
+        return True
+
+    def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep],
+              queue: str | None = None, trace: str | None = None) -> asyncio.Task[None]:
+        """Run an execution this worker owns (claimed, or started in-process by App.start)."""
+        assert self.loop is not None and self.batcher is not None
+        context = ExecutionContext(
+            execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
+            serializer=self.runtime.serializer, batcher=self.batcher, loop=self.loop, db_now=claimed.db_now,
+            on_suspend=self._on_suspend, runtime=self.runtime, observers=self.observers)
+        if self.observers:
+            context.telemetry = self.observers.workflow_started(claimed.id, claimed.name, claimed.attempt,
+                                                                json.loads(trace) if trace else None)
+        running = Running(claimed, context, queue=queue)
+        self.running[claimed.id] = running
+        running.task = asyncio.create_task(self._execute(running), name=f"pgdurable:{claimed.id}")
+        return running.task
+
+    async def _execute(self, running: Running) -> None:
+        claimed, context = running.claimed, running.context
+        workflow = self.runtime.registry.get(claimed.name)
+        began, outcome = time.monotonic(), "abandoned"
+        try:
+            if workflow is None:  # claim filters by name, so only an in-process start can get here
+                raise LookupError(f"workflow {claimed.name!r} is not registered in this process")
+            try:
+                value = await self._call(workflow, context, claimed.input)
+                status, output, error = "succeeded", self.runtime.serializer.dumps(value), None
+            except Suspended:
+                outcome = "suspended"
+                return  # waiting in the database now; a worker claims it again when it is woken
+            except (LeaseLost, asyncio.CancelledError):
+                if context.lost:
+                    log.info("execution %s attempt %d: stopped, no longer owned", claimed.id, claimed.attempt)
+                    return
+                raise
+            except Exception as exc:
+                if context.lost:
+                    return
+                status, output, error = "failed", None, failures.encode(exc)
+            assert self.batcher is not None
+            completion = Completion(claimed.id, claimed.attempt, status, output, error)
+            try:
+                completed = await self.batcher.submit(completion)
+            except SerializationError as refused:  # the database refused the result: that is the failure
+                status, completion.status, completion.output = "failed", "failed", None
+                completion.error = failures.encode(SerializationError(
+                    f"the outcome of workflow {claimed.name!r} could not be recorded: {refused}"))
+                completed = await self.batcher.submit(completion)
+            if completed:
+                outcome = status
+                return
+            log.warning("execution %s attempt %d: finished, but its lease was lost; result discarded",
+                        claimed.id, claimed.attempt)
+        except Exception:
+            log.exception("execution %s: could not be completed; its lease will expire and it will be retried",
+                          claimed.id)
+        finally:
+            if self.observers:
+                self.observers.workflow_finished(context.telemetry, claimed.id, claimed.name, outcome,
+                                                 time.monotonic() - began)
+            # Only our own entry: if this attempt lost its lease and this worker has since claimed the execution
+            # again, the entry is the new attempt's, which must stay (heartbeats renew only what is listed).
+            if self.running.get(claimed.id) is running:
+                del self.running[claimed.id]
+            self._on_free()
+
+    async def _call(self, workflow: Workflow[Any, Any], context: ExecutionContext, input_text: str) -> Any:
+        args, kwargs = workflow.signature.decode_input(self.runtime.serializer, input_text)
+        if workflow.is_async:
+            context.activate()  # this task runs in its own copy of the context
+            return await workflow.fn(*args, **kwargs)
+        assert self.loop is not None
+        return await self.loop.run_in_executor(self.threads, self._run_sync, context, workflow, args, kwargs)
+
+    def _run_sync(self, context: ExecutionContext, workflow: Workflow[Any, Any], args: list[Any],
+                  kwargs: dict[str, Any]) -> Any:
+        with self._busy_lock:
+            self.busy_threads += 1
+        try:
+            context.activate()  # worker threads are reused; each run sets its own context
+            return workflow.fn(*args, **kwargs)
+        finally:
+            with self._busy_lock:
+                self.busy_threads -= 1
+
+    def abandon(self, running: Running, why: str = "lease lost") -> None:
+        """Another worker took this execution over, or it was cancelled or timed out: stop it without writing."""
+        log.warning("execution %s attempt %d: %s, stopping it", running.claimed.id, running.claimed.attempt, why)
+        running.context.lost = True
+        if running.task is not None and self._is_async(running.claimed.name):
+            running.task.cancel()
+        elif self.running.get(running.claimed.id) is running:
+            # A sync workflow stops at its next checkpoint, which may be far away (a hung step): its thread
+            # runs on, but it no longer holds a slot here.
+            del self.running[running.claimed.id]
+            self._on_free()
+            if self.busy_threads > self.concurrency:
+                log.warning("worker %s: %d workflow threads are busy for %d slots: steps that were given up "
+                            "are still running; past %d, new sync workflows wait for a thread", self.worker_id,
+                            self.busy_threads, self.concurrency, 2 * self.concurrency)
+
+    async def release_all(self, grace: float) -> None:
+        """Shutdown: give running executions ``grace`` seconds to finish, then hand the rest back to the queue."""
+        pending = [r.task for r in self.running.values() if r.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+        leftover = list(self.running.values())
+        if not leftover:
+            return
+        for running in leftover:
+            running.context.lost = True  # sync workflows stop at their next checkpoint
+            if running.task is not None and self._is_async(running.claimed.name):
+                running.task.cancel()
+        assert self.batcher is not None  # on the writer's connection: never races a batch on these rows
+        try:
+            released = await self.batcher.run(
+                store.release(owner=self.worker_id, ids=[r.claimed.id for r in leftover]))
+            log.info("worker %s: released %d unfinished executions to the queue", self.worker_id, len(released))
+        except Exception as exc:  # the database is out of reach: their leases expire and they are swept
+            log.warning("worker %s: could not release %d unfinished executions (%s); they resume elsewhere "
+                        "once their leases expire", self.worker_id, len(leftover), exc)

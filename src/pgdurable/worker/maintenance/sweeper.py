@@ -1,0 +1,28 @@
+"""The sweeper: expired leases go back to the queue (or, past ``max_recoveries``, are dead-lettered).
+
+Leader-only: one statement finds every expired lease of the schema, so a second worker running it finds
+nothing more, and N workers sweeping only multiply the scans. A crashed worker's executions wait at most
+about a sweep interval after their lease ends (plus a poll interval if the leader itself crashed).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ... import store
+from . import Duty
+
+log = logging.getLogger("pgdurable.worker")
+
+
+class Sweeper(Duty):
+    name = "sweep of expired leases"
+
+    async def once(self) -> None:
+        expired = await self.deps.run(store.sweep_expired())
+        for execution_id, status, recoveries in expired:
+            log.warning("execution %s: lease expired, %s (recovery %d)", execution_id,
+                        "dead-lettered" if status == "failed" else "re-enqueued", recoveries)
+        if expired and self.deps.observers:
+            dead = sum(1 for _, status, _ in expired if status == "failed")
+            self.deps.observers.swept(len(expired) - dead, dead, 0)
