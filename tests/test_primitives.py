@@ -96,7 +96,7 @@ def test_messages_are_received_once_in_order_and_wake_the_receiver(
 
     handle = app.enqueue(inbox, 3, workflow_id="inbox-1")
     # Before the first recv runs (here: before any worker runs; sent while a worker claims it, it could delay the
-    # claim until the next poll: see the xfail test below).
+    # claim: see the test below).
     assert app.send("inbox-1", {"n": 1}, topic="orders")
     start_worker(app)
     wait_for(lambda: execution(app, "inbox-1").wait_reason == "recv:orders", WAIT, "the receiver to wait")
@@ -112,10 +112,6 @@ def test_messages_are_received_once_in_order_and_wake_the_receiver(
     assert [m.message for m in messages if not m.consumed_at] == ["other topic"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: the claim (FOR UPDATE SKIP LOCKED) skips an enqueued execution whose row another transaction "
-    "holds, here send_message's wake-up count; when that transaction commits nothing notifies (the status did "
-    "not change), so the execution waits for the next poll (poll_seconds) although a worker is idle"))
 def test_an_execution_locked_by_a_send_while_the_worker_claims_is_still_claimed_without_a_poll(
         make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any], database_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,7 +138,7 @@ def test_an_execution_locked_by_a_send_while_the_worker_claims_is_still_claimed_
         wait_for(lambda: len(claims) >= 2, WAIT, "the worker to look twice")
         assert sum(claims) == 0
         conn.commit()
-    assert handle.result(timeout=WAIT / 4) == "hello"  # (a quarter of WAIT: this test is expected to fail)
+    assert handle.result(timeout=WAIT) == "hello"  # woken by the send's commit, not a poll
 
 
 def test_recv_times_out_with_none_and_idempotent_sends_are_stored_once(

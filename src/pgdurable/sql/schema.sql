@@ -423,6 +423,13 @@ CREATE TRIGGER workflow_executions_notify_update
     FOR EACH ROW WHEN (NEW.status IS DISTINCT FROM OLD.status AND NEW.status <> 'running')
     EXECUTE FUNCTION notify_execution_change();
 
+-- An enqueued execution whose row another transaction held while a worker claimed (a send bumping its
+-- wake-up count, a child finishing) was passed over by that claim (SKIP LOCKED): wake the workers again.
+CREATE TRIGGER workflow_executions_notify_touched
+    AFTER UPDATE OF wakeups ON workflow_executions
+    FOR EACH ROW WHEN (OLD.status = 'enqueued' AND NEW.status = 'enqueued')
+    EXECUTE FUNCTION notify_execution_change();
+
 CREATE TRIGGER workflow_events_notify
     AFTER INSERT ON workflow_events
     FOR EACH ROW EXECUTE FUNCTION notify_event();
