@@ -19,8 +19,7 @@ from .errors import (
     WorkflowNotFound,
     WorkflowTimeout,
 )
-from .serialization import JsonSerializer, Serializer
-from .waits import (
+from .primitives import (
     gather,
     gather_async,
     patched,
@@ -33,6 +32,7 @@ from .waits import (
     sleep_until,
     sleep_until_async,
 )
+from .serialization import JsonSerializer, Serializer
 from .workflows import Workflow
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import enqueue, events, limits, plans, scheduling, store, waits
+from . import enqueue, events, limits, plans, primitives, scheduling, store
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
@@ -343,7 +343,7 @@ class App:
         call = self._send_call(workflow_id, message, topic, idempotency_key)
         ctx = current()
         if ctx is not None and conn is None:
-            plans.drive_sync(ctx, waits.send_plan(ctx, call))
+            plans.drive_sync(ctx, primitives.send_plan(ctx, call))
             return True
         with _missing_destination(workflow_id):
             if conn is not None:
@@ -355,7 +355,7 @@ class App:
         call = self._send_call(workflow_id, message, topic, idempotency_key)
         ctx = current()
         if ctx is not None and conn is None:
-            await plans.drive_async(ctx, waits.send_plan(ctx, call))
+            await plans.drive_async(ctx, primitives.send_plan(ctx, call))
             return True
         with _missing_destination(workflow_id):
             if conn is not None:

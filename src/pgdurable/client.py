@@ -57,7 +57,7 @@ class WorkflowHandle(Generic[R]):
         the awaited one (typically its child) finishes, and the outcome is recorded as a step.
         """
         if current() is not None:
-            from .waits import gather
+            from .primitives import gather
 
             value: R = gather([self], timeout)[0]
             return value
@@ -79,7 +79,7 @@ class WorkflowHandle(Generic[R]):
 
     async def result_async(self, timeout: float | None = None) -> R:
         if current() is not None:
-            from .waits import gather_async
+            from .primitives import gather_async
 
             value: R = (await gather_async([self], timeout))[0]
             return value

@@ -104,7 +104,7 @@ class ExecutionContext:
     def _on_loop_thread(self) -> bool:
         return getattr(self.loop, "_thread_id", None) == threading.get_ident()
 
-    # -- what the primitives need (see waits.py) ----------------------------------------------------------
+    # -- what the primitives need (see primitives.py) ----------------------------------------------------------
 
     def db_now(self) -> datetime:
         """The database's clock, estimated from the claim: never this machine's clock, which may be off."""

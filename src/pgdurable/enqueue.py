@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from . import limits, plans, store, waits
+from . import limits, plans, primitives, store
 from .client import WorkflowHandle
 from .connections import async_driver_connection, sync_driver_connection
 from .context import ExecutionContext, current
@@ -68,7 +68,7 @@ class Request:
         """Inside a workflow: start it as a child, recorded as a step of the parent."""
         params = {k: v for k, v in self.call.params.items() if k not in ("id", "name")}
         params["trace"] = self.runtime.trace(ctx.telemetry) if self.runtime.observers else None  # the parent's
-        return waits.enqueue_child_plan(ctx, self.call.params["name"], self.workflow_id, params)
+        return primitives.enqueue_child_plan(ctx, self.call.params["name"], self.workflow_id, params)
 
     def in_transaction(self) -> store.Call[str]:
         """On the caller's connection, in its transaction, through the SQL function."""

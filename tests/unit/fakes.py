@@ -135,7 +135,7 @@ class AsyncFakeConnection:
         self.closed = True
 
 
-# ---- a workflow attempt without a worker: for the primitives' plans (waits.py) -----------------------------
+# ---- a workflow attempt without a worker: for the primitives' plans (primitives.py) -----------------------------
 
 class FakeRunner:
     """Answers a plan's effects: StepWrites (True unless the step's name is in ``fenced``), lists of them,

@@ -22,8 +22,8 @@ from .. import failures, store
 from ..batcher import Completion, WriteBatcher
 from ..context import ExecutionContext
 from ..errors import LeaseLost, SerializationError
+from ..primitives import Suspended
 from ..runtime import Runtime
-from ..waits import Suspended
 
 if TYPE_CHECKING:
     from ..workflows import Workflow

@@ -1,4 +1,4 @@
-"""The primitives' plans (waits.py), driven by drive_sync and drive_async with a fake context and a fake
+"""The primitives' plans (primitives.py), driven by drive_sync and drive_async with a fake context and a fake
 effect runner: sleep, recv, send, set_event, child enqueue, awaiting results; replay; lease lost."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdurable import store, waits
+from pgdurable import plans, primitives, store
 from pgdurable.batcher import StepWrite
 from pgdurable.errors import (
     ConfigurationError,
@@ -23,21 +23,21 @@ from pgdurable.errors import (
     WorkflowIdConflict,
     WorkflowNotFound,
 )
+from pgdurable.primitives import Suspended
 from pgdurable.store import Awaited, Received, RecordedStep
-from pgdurable.waits import Suspended
 
 from .fakes import FakeContext, FakeRunner, recorded_from
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-Drive = Callable[[FakeContext, waits.Plan], Any]
+Drive = Callable[[FakeContext, plans.Plan], Any]
 
 
 @pytest.fixture(params=["sync", "async"])
 def drive(request: pytest.FixtureRequest) -> Drive:
     """Every test runs through both drivers: they must not differ."""
     if request.param == "sync":
-        return lambda ctx, plan: waits.drive_sync(ctx, plan)  # type: ignore[arg-type]
-    return lambda ctx, plan: asyncio.run(waits.drive_async(ctx, plan))  # type: ignore[arg-type]
+        return lambda ctx, plan: plans.drive_sync(ctx, plan)  # type: ignore[arg-type]
+    return lambda ctx, plan: asyncio.run(plans.drive_async(ctx, plan))  # type: ignore[arg-type]
 
 
 def names(runner: FakeRunner) -> list[str]:
@@ -54,7 +54,7 @@ def test_sleep_records_its_wake_up_then_suspends(drive: Drive) -> None:
     runner = FakeRunner(suspend=True)
     ctx = FakeContext(runner)
     with pytest.raises(Suspended):
-        drive(ctx, waits.sleep_plan(ctx, 90, None))
+        drive(ctx, primitives.sleep_plan(ctx, 90, None))
     wake = NOW + timedelta(seconds=90)
     [write] = runner.writes()
     assert (write.step_id, write.step_name, json.loads(write.output)) == (0, "pgdurable.sleep", wake.isoformat())
@@ -67,10 +67,10 @@ def test_sleep_replayed_after_its_time_does_nothing(drive: Drive) -> None:
     first = FakeRunner(suspend=True)
     ctx = FakeContext(first)
     with pytest.raises(Suspended):
-        drive(ctx, waits.sleep_plan(ctx, 90, None))
+        drive(ctx, primitives.sleep_plan(ctx, 90, None))
     again = FakeRunner()
     ctx = FakeContext(again, recorded_from(first), now=NOW + timedelta(seconds=91))
-    assert drive(ctx, waits.sleep_plan(ctx, 90, None)) is None
+    assert drive(ctx, primitives.sleep_plan(ctx, 90, None)) is None
     assert again.effects == []
 
 
@@ -80,7 +80,7 @@ def test_sleep_replayed_early_suspends_again_until_the_recorded_time(drive: Driv
     runner = FakeRunner(suspend=True)
     ctx = FakeContext(runner, recorded, now=NOW + timedelta(seconds=10))
     with pytest.raises(Suspended):
-        drive(ctx, waits.sleep_plan(ctx, 3600, None))
+        drive(ctx, primitives.sleep_plan(ctx, 3600, None))
     assert runner.writes() == []
     assert runner.calls("suspend")[0].params["wake_at"] == NOW + timedelta(seconds=30)
 
@@ -90,21 +90,21 @@ def test_sleep_until(drive: Drive) -> None:
     ctx = FakeContext(runner)
     when = datetime(2027, 1, 1, tzinfo=UTC)
     with pytest.raises(Suspended):
-        drive(ctx, waits.sleep_plan(ctx, None, when))
+        drive(ctx, primitives.sleep_plan(ctx, None, when))
     assert runner.calls("suspend")[0].params["wake_at"] == when
 
 
 def test_sleep_until_needs_an_aware_datetime(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner())
     with pytest.raises(ValueError, match="timezone-aware"):
-        drive(ctx, waits.sleep_plan(ctx, None, datetime(2027, 1, 1)))
+        drive(ctx, primitives.sleep_plan(ctx, None, datetime(2027, 1, 1)))
 
 
 @pytest.mark.parametrize("seconds", [0, -5])
 def test_sleep_of_zero_or_less_does_not_suspend(drive: Drive, seconds: float) -> None:
     runner = FakeRunner()
     ctx = FakeContext(runner)
-    drive(ctx, waits.sleep_plan(ctx, seconds, None))
+    drive(ctx, primitives.sleep_plan(ctx, seconds, None))
     assert names(runner) == ["write:pgdurable.sleep"]
 
 
@@ -113,14 +113,14 @@ def test_sleep_lease_lost_when_recording(drive: Drive) -> None:
     runner.fenced.add("pgdurable.sleep")
     ctx = FakeContext(runner)
     with pytest.raises(LeaseLost, match="recording step #0"):
-        drive(ctx, waits.sleep_plan(ctx, 5, None))
+        drive(ctx, primitives.sleep_plan(ctx, 5, None))
     assert ctx.lost and runner.calls() == []
 
 
 def test_sleep_lease_lost_when_suspending(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner(suspend=False))
     with pytest.raises(LeaseLost, match="suspending for sleep"):
-        drive(ctx, waits.sleep_plan(ctx, 5, None))
+        drive(ctx, primitives.sleep_plan(ctx, 5, None))
     assert ctx.lost and ctx.suspensions == []
 
 
@@ -130,7 +130,7 @@ def test_sleep_lease_lost_when_suspending(drive: Drive) -> None:
 def test_a_failed_statement_gives_the_attempt_up(drive: Drive, error: Exception) -> None:
     ctx = FakeContext(FakeRunner(suspend=error))
     with pytest.raises(LeaseLost, match="a statement of a durable primitive failed") as caught:
-        drive(ctx, waits.sleep_plan(ctx, 5, None))
+        drive(ctx, primitives.sleep_plan(ctx, 5, None))
     assert caught.value.__cause__ is error
     assert ctx.lost
 
@@ -139,7 +139,7 @@ def test_other_errors_of_a_statement_reach_the_workflow(drive: Drive) -> None:
     boom = psycopg.errors.UniqueViolation("duplicate")
     ctx = FakeContext(FakeRunner(suspend=boom))
     with pytest.raises(psycopg.errors.UniqueViolation):
-        drive(ctx, waits.sleep_plan(ctx, 5, None))
+        drive(ctx, primitives.sleep_plan(ctx, 5, None))
     assert not ctx.lost
 
 
@@ -152,7 +152,7 @@ def received(found: bool, message: Any = None, *, owned: bool = True, wakeups: i
 def test_recv_returns_a_waiting_message(drive: Drive) -> None:
     runner = FakeRunner(receive=received(True, {"n": 1}))
     ctx = FakeContext(runner)
-    assert drive(ctx, waits.recv_plan(ctx, "orders", None)) == {"n": 1}
+    assert drive(ctx, primitives.recv_plan(ctx, "orders", None)) == {"n": 1}
     assert names(runner) == ["write:pgdurable.recv.deadline", "receive"]
     assert runner.writes()[0].output == "null"  # no timeout
     params = runner.calls("receive")[0].params
@@ -163,7 +163,7 @@ def test_recv_suspends_with_the_wake_up_count_it_saw(drive: Drive) -> None:
     runner = FakeRunner(receive=received(False, wakeups=7), suspend=True)
     ctx = FakeContext(runner)
     with pytest.raises(Suspended):
-        drive(ctx, waits.recv_plan(ctx, "t", 60))
+        drive(ctx, primitives.recv_plan(ctx, "t", 60))
     suspend = runner.calls("suspend")[0].params
     assert suspend["reason"] == "recv:t" and suspend["wakeups"] == 7
     assert suspend["wake_at"] == NOW + timedelta(seconds=60)
@@ -173,7 +173,7 @@ def test_recv_looks_again_when_woken_while_suspending(drive: Drive) -> None:
     answers = iter([received(False), received(True, "hello")])
     runner = FakeRunner(receive=lambda params: next(answers), suspend=False)
     ctx = FakeContext(runner)
-    assert drive(ctx, waits.recv_plan(ctx, "t", None)) == "hello"
+    assert drive(ctx, primitives.recv_plan(ctx, "t", None)) == "hello"
     assert names(runner) == ["write:pgdurable.recv.deadline", "receive", "suspend", "receive"]
 
 
@@ -181,7 +181,7 @@ def test_recv_times_out_with_none_and_records_it(drive: Drive) -> None:
     recorded = {0: RecordedStep("pgdurable.recv.deadline", json.dumps(NOW.isoformat()), None)}
     runner = FakeRunner(receive=received(False))
     ctx = FakeContext(runner, recorded, now=NOW + timedelta(seconds=1))
-    assert drive(ctx, waits.recv_plan(ctx, "t", 5)) is None
+    assert drive(ctx, primitives.recv_plan(ctx, "t", 5)) is None
     [write] = runner.writes()
     assert (write.step_id, write.step_name, write.output) == (1, "pgdurable.recv", "null")
 
@@ -189,7 +189,7 @@ def test_recv_times_out_with_none_and_records_it(drive: Drive) -> None:
 def test_recv_lease_lost(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner(receive=received(False, owned=False)))
     with pytest.raises(LeaseLost, match="receiving a message"):
-        drive(ctx, waits.recv_plan(ctx, "t", None))
+        drive(ctx, primitives.recv_plan(ctx, "t", None))
 
 
 def test_recv_replays_the_recorded_message(drive: Drive) -> None:
@@ -197,7 +197,7 @@ def test_recv_replays_the_recorded_message(drive: Drive) -> None:
                 1: RecordedStep("pgdurable.recv", '[1, "two"]', None)}
     runner = FakeRunner()
     ctx = FakeContext(runner, recorded)
-    assert drive(ctx, waits.recv_plan(ctx, "t", None)) == [1, "two"]
+    assert drive(ctx, primitives.recv_plan(ctx, "t", None)) == [1, "two"]
     assert runner.effects == []
 
 
@@ -207,7 +207,7 @@ def test_send_derives_its_idempotency_key_from_the_step(drive: Drive) -> None:
     runner = FakeRunner(send_message=True)
     ctx = FakeContext(runner)
     call = store.send_message(destination="other", message='"hi"', topic="t", key=None)
-    drive(ctx, waits.send_plan(ctx, call))
+    drive(ctx, primitives.send_plan(ctx, call))
     [sent] = runner.calls("send_message")
     assert sent.params == {"destination": "other", "message": '"hi"', "topic": "t", "key": "wf-1:0"}
     assert names(runner) == ["send_message", "write:pgdurable.send"]
@@ -216,26 +216,26 @@ def test_send_derives_its_idempotency_key_from_the_step(drive: Drive) -> None:
 def test_send_keeps_a_callers_key_and_is_not_sent_again_on_replay(drive: Drive) -> None:
     runner = FakeRunner(send_message=True)
     ctx = FakeContext(runner)
-    drive(ctx, waits.send_plan(ctx, store.send_message(destination="d", message="1", topic="", key="mine")))
+    drive(ctx, primitives.send_plan(ctx, store.send_message(destination="d", message="1", topic="", key="mine")))
     assert runner.calls("send_message")[0].params["key"] == "mine"
     again = FakeRunner()
     ctx = FakeContext(again, recorded_from(runner))
-    drive(ctx, waits.send_plan(ctx, store.send_message(destination="d", message="1", topic="", key="mine")))
+    drive(ctx, primitives.send_plan(ctx, store.send_message(destination="d", message="1", topic="", key="mine")))
     assert again.effects == []
 
 
 def test_set_event(drive: Drive) -> None:
     runner = FakeRunner(set_event=True)
     ctx = FakeContext(runner)
-    drive(ctx, waits.set_event_plan(ctx, "progress", {"pct": 50}))
+    drive(ctx, primitives.set_event_plan(ctx, "progress", {"pct": 50}))
     params = runner.calls("set_event")[0].params
     assert (params["key"], json.loads(params["value"]), params["step_id"]) == ("progress", {"pct": 50}, 0)
     lost = FakeContext(FakeRunner(set_event=False))
     with pytest.raises(LeaseLost, match="publishing event 'progress'"):
-        drive(lost, waits.set_event_plan(lost, "progress", 1))
+        drive(lost, primitives.set_event_plan(lost, "progress", 1))
     replay = FakeRunner()
     ctx = FakeContext(replay, {0: RecordedStep("pgdurable.set_event", None, None)})
-    drive(ctx, waits.set_event_plan(ctx, "progress", 1))
+    drive(ctx, primitives.set_event_plan(ctx, "progress", 1))
     assert replay.effects == []
 
 
@@ -247,7 +247,7 @@ CHILD = {"queue": "default", "priority": 0, "input": "{}", "max_recoveries": 5, 
 def test_enqueue_child_with_a_deterministic_id(drive: Drive) -> None:
     runner = FakeRunner(enqueue_child=(True, "child", None))
     ctx = FakeContext(runner)
-    assert drive(ctx, waits.enqueue_child_plan(ctx, "child", None, CHILD)) == "wf-1:0"
+    assert drive(ctx, primitives.enqueue_child_plan(ctx, "child", None, CHILD)) == "wf-1:0"
     params = runner.calls("enqueue_child")[0].params
     assert (params["parent"], params["id"], params["step_name"]) == ("wf-1", "wf-1:0", "pgdurable.enqueue:child")
 
@@ -255,14 +255,14 @@ def test_enqueue_child_with_a_deterministic_id(drive: Drive) -> None:
 def test_enqueue_child_replay_returns_the_recorded_id(drive: Drive) -> None:
     runner = FakeRunner()
     ctx = FakeContext(runner, {0: RecordedStep("pgdurable.enqueue:child", '"given-id"', None)})
-    assert drive(ctx, waits.enqueue_child_plan(ctx, "child", None, CHILD)) == "given-id"
+    assert drive(ctx, primitives.enqueue_child_plan(ctx, "child", None, CHILD)) == "given-id"
     assert runner.effects == []
 
 
 def test_enqueue_child_id_owned_by_another_workflow(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner(enqueue_child=(True, "someone_else", None)))
     with pytest.raises(WorkflowIdConflict, match="someone_else"):
-        drive(ctx, waits.enqueue_child_plan(ctx, "child", "taken", CHILD))
+        drive(ctx, primitives.enqueue_child_plan(ctx, "child", "taken", CHILD))
 
 
 def test_enqueue_child_conflict_raises_what_a_replay_raises(drive: Drive) -> None:
@@ -270,26 +270,26 @@ def test_enqueue_child_conflict_raises_what_a_replay_raises(drive: Drive) -> Non
                            "args": ["taken"]})
     ctx = FakeContext(FakeRunner(enqueue_child=(True, "other", conflict)))
     with pytest.raises(WorkflowIdConflict, match="taken") as first:
-        drive(ctx, waits.enqueue_child_plan(ctx, "child", "taken", CHILD))
+        drive(ctx, primitives.enqueue_child_plan(ctx, "child", "taken", CHILD))
     ctx = FakeContext(FakeRunner(), {0: RecordedStep("pgdurable.enqueue:child", None, conflict)})
     with pytest.raises(WorkflowIdConflict) as replayed:
-        drive(ctx, waits.enqueue_child_plan(ctx, "child", "taken", CHILD))
+        drive(ctx, primitives.enqueue_child_plan(ctx, "child", "taken", CHILD))
     assert replayed.value.args == first.value.args
 
 
 def test_enqueue_child_lease_lost(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner(enqueue_child=(False, None, None)))
     with pytest.raises(LeaseLost, match="starting child workflow 'child'"):
-        drive(ctx, waits.enqueue_child_plan(ctx, "child", None, CHILD))
+        drive(ctx, primitives.enqueue_child_plan(ctx, "child", None, CHILD))
 
 
 def test_child_ids_stay_within_the_id_limit() -> None:
     short = FakeContext(FakeRunner(), execution_id="p")
-    assert waits.child_id(short, 3) == "p:3"  # type: ignore[arg-type]
+    assert primitives.child_id(short, 3) == "p:3"  # type: ignore[arg-type]
     long = FakeContext(FakeRunner(), execution_id="x" * 199)
-    first = waits.child_id(long, 12)  # type: ignore[arg-type]
-    assert len(first) <= 200 and first == waits.child_id(long, 12)  # type: ignore[arg-type]
-    assert first != waits.child_id(long, 13)  # type: ignore[arg-type]
+    first = primitives.child_id(long, 12)  # type: ignore[arg-type]
+    assert len(first) <= 200 and first == primitives.child_id(long, 12)  # type: ignore[arg-type]
+    assert first != primitives.child_id(long, 13)  # type: ignore[arg-type]
 
 
 # ---- awaiting other executions ----------------------------------------------------------------------------
@@ -304,18 +304,18 @@ def test_await_records_each_outcome_as_soon_as_it_is_known(drive: Drive) -> None
                     (3, [awaited("b", "failed", None, '{"type": "ValueError", "message": "bad"}')])])
     runner = FakeRunner(awaited_status=lambda params: next(answers))
     ctx = FakeContext(runner)
-    outcomes = drive(ctx, waits.await_plan(ctx, ["a", "b"], None))
+    outcomes = drive(ctx, primitives.await_plan(ctx, ["a", "b"], None))
     assert [json.loads(o)["status"] for o in outcomes] == ["succeeded", "failed"]
     assert [c.params["ids"] for c in runner.calls("awaited_status")] == [["a", "b"], ["b"]]
     assert [(w.step_id, w.step_name) for w in runner.writes()] == [
         (0, "pgdurable.wait.deadline"), (1, "pgdurable.result"), (2, "pgdurable.result")]
-    assert waits.outcome(ctx, outcomes[0], int) == 1  # type: ignore[arg-type]
+    assert primitives.outcome(ctx, outcomes[0], int) == 1  # type: ignore[arg-type]
     with pytest.raises(WorkflowFailed, match="ValueError: bad") as failed:
-        waits.outcome(ctx, outcomes[1], int)  # type: ignore[arg-type]
+        primitives.outcome(ctx, outcomes[1], int)  # type: ignore[arg-type]
     assert failed.value.workflow_id == "b"
     again = FakeRunner()
     ctx = FakeContext(again, recorded_from(runner))
-    assert drive(ctx, waits.await_plan(ctx, ["a", "b"], None)) == outcomes
+    assert drive(ctx, primitives.await_plan(ctx, ["a", "b"], None)) == outcomes
     assert again.effects == []
 
 
@@ -323,7 +323,7 @@ def test_await_suspends_until_a_child_wakes_it(drive: Drive) -> None:
     runner = FakeRunner(awaited_status=(9, [awaited("a", "running")]), suspend=True)
     ctx = FakeContext(runner)
     with pytest.raises(Suspended):
-        drive(ctx, waits.await_plan(ctx, ["a"], None))
+        drive(ctx, primitives.await_plan(ctx, ["a"], None))
     suspend = runner.calls("suspend")[0].params
     assert (suspend["wake_at"], suspend["reason"], suspend["wakeups"]) == (None, "children", 9)
 
@@ -332,7 +332,7 @@ def test_await_polls_an_execution_that_is_not_its_child(drive: Drive) -> None:
     runner = FakeRunner(awaited_status=(1, [awaited("a", "enqueued", child=False)]), suspend=True)
     ctx = FakeContext(runner)
     with pytest.raises(Suspended):
-        drive(ctx, waits.await_plan(ctx, ["a"], 3600))
+        drive(ctx, primitives.await_plan(ctx, ["a"], 3600))
     assert runner.calls("suspend")[0].params["wake_at"] == NOW + timedelta(seconds=1)
 
 
@@ -340,50 +340,50 @@ def test_await_times_out_on_the_first_unfinished(drive: Drive) -> None:
     recorded = {0: RecordedStep("pgdurable.wait.deadline", json.dumps(NOW.isoformat()), None)}
     runner = FakeRunner(awaited_status=(1, [awaited("a", "running"), awaited("b", "running")]))
     ctx = FakeContext(runner, recorded, now=NOW + timedelta(seconds=1))
-    outcomes = drive(ctx, waits.await_plan(ctx, ["a", "b"], 10))
+    outcomes = drive(ctx, primitives.await_plan(ctx, ["a", "b"], 10))
     assert json.loads(outcomes[0]) == {"id": "a", "status": "timeout"} and outcomes[1] is None
     with pytest.raises(ResultTimeout, match="did not finish in time"):
-        waits.outcome(ctx, outcomes[0], int)  # type: ignore[arg-type]
+        primitives.outcome(ctx, outcomes[0], int)  # type: ignore[arg-type]
     with pytest.raises(ResultTimeout, match="earlier awaited workflow timed out"):
-        waits.outcome(ctx, outcomes[1], int)  # type: ignore[arg-type]
+        primitives.outcome(ctx, outcomes[1], int)  # type: ignore[arg-type]
     again = FakeRunner()
     ctx = FakeContext(again, recorded_from(runner) | recorded)
-    assert drive(ctx, waits.await_plan(ctx, ["a", "b"], 10)) == outcomes
+    assert drive(ctx, primitives.await_plan(ctx, ["a", "b"], 10)) == outcomes
     assert again.effects == []
 
 
 def test_await_unknown_execution(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner(awaited_status=(1, [awaited("nope", None)])))
     with pytest.raises(WorkflowNotFound):
-        drive(ctx, waits.await_plan(ctx, ["nope"], None))
+        drive(ctx, primitives.await_plan(ctx, ["nope"], None))
 
 
 def test_await_lease_lost(drive: Drive) -> None:
     ctx = FakeContext(FakeRunner(awaited_status=(None, [])))
     with pytest.raises(LeaseLost, match="waiting for other workflows"):
-        drive(ctx, waits.await_plan(ctx, ["a"], None))
+        drive(ctx, primitives.await_plan(ctx, ["a"], None))
     runner = FakeRunner(awaited_status=(1, [awaited("a", "succeeded", "1")]))
     runner.fenced.add("pgdurable.result")
     ctx = FakeContext(runner)
     with pytest.raises(LeaseLost, match="recording results"):
-        drive(ctx, waits.await_plan(ctx, ["a"], None))
+        drive(ctx, primitives.await_plan(ctx, ["a"], None))
 
 
 def test_outcome_of_a_cancelled_execution() -> None:
     ctx = FakeContext(FakeRunner())
     text = json.dumps({"id": "c", "status": "cancelled", "output": None, "error": None})
     with pytest.raises(WorkflowCancelled):
-        waits.outcome(ctx, text, int)  # type: ignore[arg-type]
+        primitives.outcome(ctx, text, int)  # type: ignore[arg-type]
 
 
 # ---- outside a workflow -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call", [lambda: waits.sleep(1), lambda: waits.recv("t"), lambda: waits.set_event("k", 1),
-                                  lambda: waits.gather([])])
+@pytest.mark.parametrize("call", [lambda: primitives.sleep(1), lambda: primitives.recv("t"),
+                                  lambda: primitives.set_event("k", 1), lambda: primitives.gather([])])
 def test_primitives_outside_a_workflow(call: Callable[[], Any]) -> None:
     with pytest.raises(ConfigurationError, match="inside a workflow"):
         call()
 
 
 def test_patched_outside_a_workflow_is_the_new_code() -> None:
-    assert waits.patched("anything") is True
+    assert primitives.patched("anything") is True
