@@ -96,7 +96,8 @@ class Worker:
                                  on_schedules=self._schedules_notified, on_stop=self._stop_notified)
         self.policy_refresh = PolicyRefresh(deps, self.queues, self._set_policies)
         self.leadership = Leadership(runtime.db, self.id, self.settings.poll_seconds, [
-            Sweeper(deps), Deadlines(deps), Unrunnable(deps), Retention(deps), WorkerPruning(deps)])
+            Sweeper(deps), Deadlines(deps), Unrunnable(deps), Retention(deps), WorkerPruning(deps)],
+            stopping=lambda: self._stop.is_set())
         self.scheduler: Scheduler | None = None
 
     # -- what callers and tests read --------------------------------------------------------------------------

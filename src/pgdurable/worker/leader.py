@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -40,8 +41,11 @@ _IDLE_SESSION_TIMEOUT_SQL = "SELECT set_config('idle_session_timeout', %s, false
 class Leadership:
     """Campaigns for the schema's leadership and, while this worker holds it, runs the leader's duties."""
 
-    def __init__(self, db: Database, worker_id: str, poll_seconds: float, duties: list[Duty]) -> None:
+    def __init__(self, db: Database, worker_id: str, poll_seconds: float, duties: list[Duty],
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.db = db
+        # A worker that is stopping neither campaigns nor keeps the lead: another worker takes over at once.
+        self.stopping = stopping
         self.worker_id = worker_id
         self.poll_seconds = poll_seconds
         self.deposed_after = max(3 * poll_seconds, 1.0)  # silent this long, a leader's session is ended
@@ -59,11 +63,13 @@ class Leadership:
                 await conn.execute(_IDLE_SESSION_TIMEOUT_SQL, (str(int(self.deposed_after * 1000)),))
                 while True:
                     try:
+                        if self.stopping():
+                            return  # the finally below stops the duties and ends the session (and the lock)
                         if not self.is_leader:
                             if await store.arun(conn, store.try_leadership(schema)):
                                 self._lead()
                         elif not await store.arun(conn, store.holds_leadership(schema)):
-                            self._resign("its lock is gone")
+                            await self._resign("its lock is gone")
                     except psycopg.errors.QueryCanceled:
                         pass  # a statement timeout or pg_cancel_backend: the session and its lock live on
                     await asyncio.sleep(self.poll_seconds)
@@ -71,12 +77,12 @@ class Leadership:
                 raise
             except Exception as exc:
                 if self.is_leader:
-                    self._resign(f"its session failed: {exc}")
+                    await self._resign(f"its session failed: {exc}")
                 else:
                     log.debug("worker %s: cannot campaign for leadership (%s)", self.worker_id, exc)
                 await asyncio.sleep(min(self.poll_seconds, 1.0))
             finally:
-                self._stop_duties()
+                await self._stop_duties()
                 if conn is not None:  # ending the session releases the lock: another worker takes over
                     with contextlib.suppress(Exception):
                         await conn.close()
@@ -88,12 +94,16 @@ class Leadership:
         self._tasks = [asyncio.create_task(duty.run(), name=f"pgdurable-leader:{type(duty).__name__}")
                        for duty in self.duties if duty.enabled]
 
-    def _resign(self, why: str) -> None:
+    async def _resign(self, why: str) -> None:
         log.warning("worker %s: no longer the leader of schema %s (%s)", self.worker_id, self.db.schema, why)
-        self._stop_duties()
+        await self._stop_duties()
 
-    def _stop_duties(self) -> None:
+    async def _stop_duties(self) -> None:
+        """Cancel the duties and wait for them to end (never for long): none may outlive the leadership, nor
+        hold a pooled connection while the worker closes its pools."""
         self.is_leader = False
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        self._tasks = []
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
