@@ -124,12 +124,6 @@ class App:
         past it the execution fails with ``pgdurable.WorkflowTimeout``.
         """
 
-        limits.timeout_seconds(timeout_seconds)
-        limits.queue_name(queue)
-        limits.priority(priority)
-        if max_recoveries is not None:
-            limits.max_recoveries(max_recoveries)
-
         def register(fn: Callable[..., Any]) -> Workflow[..., Any]:
             workflow = Workflow(fn, name=name or default_name(fn), queue=queue, priority=priority,
                                 max_recoveries=max_recoveries, timeout_seconds=timeout_seconds)

@@ -15,6 +15,7 @@ from .completions import Listen, Nap, wait_async, wait_sync
 from .context import current
 from .effects import Pause
 from .errors import ResultTimeout, WorkflowNotFound, outcome_error
+from .primitives import gather, gather_async
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -57,8 +58,6 @@ class WorkflowHandle(Generic[R]):
         the awaited one (typically its child) finishes, and the outcome is recorded as a step.
         """
         if current() is not None:
-            from .primitives import gather
-
             value: R = gather([self], timeout)[0]
             return value
         return self._decode(wait_sync(self.runtime.db, self.runtime.completions, self._finished(timeout)))
@@ -79,8 +78,6 @@ class WorkflowHandle(Generic[R]):
 
     async def result_async(self, timeout: float | None = None) -> R:
         if current() is not None:
-            from .primitives import gather_async
-
             value: R = (await gather_async([self], timeout))[0]
             return value
         return self._decode(await wait_async(self.runtime.db, self.runtime.completions, self._finished(timeout)))

@@ -40,7 +40,7 @@ class ExecutionContext:
     def __init__(self, *, execution_id: str, workflow_name: str, attempt: int,
                  recorded: dict[int, store.RecordedStep], serializer: Serializer,
                  batcher: WriteBatcher, loop: asyncio.AbstractEventLoop, db_now: datetime | None = None,
-                 on_suspend: Callable[[datetime | None], None] | None = None, runtime: Any = None,
+                 on_suspend: Callable[[datetime | None], None] | None = None,
                  observers: Any = None) -> None:
         self.execution_id = execution_id
         self.workflow_name = workflow_name
@@ -49,7 +49,6 @@ class ExecutionContext:
         self.serializer = serializer
         self._batcher = batcher
         self.loop = loop
-        self.runtime = runtime
         self._next_step = 0
         self.lost = False
         # Durable timers use the database's clock: remember how far this machine's clock is from it.

@@ -48,7 +48,8 @@ def _number(value: Any, what: str) -> float:
 
 
 _INT4 = 2 ** 31
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+# Queue and schedule names (the tables' CHECKs say the same).
+NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 def priority(value: Any) -> int:
@@ -65,7 +66,7 @@ def max_recoveries(value: Any) -> int:
 
 
 def queue_name(value: Any) -> str:
-    if not isinstance(value, str) or not _QUEUE_NAME.fullmatch(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise ValueError(f"queue name {value!r} is not valid: 1 to 100 letters, digits, or _ . : -")
     return value
 

@@ -8,7 +8,6 @@ the expression). scheduling.py checks and stores definitions for the App; worker
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -19,8 +18,6 @@ from .store import Call, Rows
 CatchUp = Literal["skip", "all"]
 
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "all")
-# The same rule as queue names (and the table's CHECK).
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 SCHEDULED_AT = "scheduled_at"
 
 

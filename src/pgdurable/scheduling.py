@@ -8,11 +8,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from . import store
+from . import limits, store
 from .cron import CronSchedule
 from .runtime import Runtime
 from .schedules import (
-    _NAME,
     CATCH_UP_POLICIES,
     SCHEDULED_AT,
     CatchUp,
@@ -33,7 +32,7 @@ def define(runtime: Runtime, name: str, workflow: Workflow[..., Any] | str, cron
            queue: str | None, priority: int | None, args: Mapping[str, Any] | None, catch_up: str,
            pass_scheduled_at: bool | None) -> ScheduleDefinition:
     """Check everything a schedule's ticks will need, now, so that a bad one fails at creation, not at 3 am."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not limits.NAME.fullmatch(name):
         raise ValueError(f"schedule name {name!r} is not valid: 1 to 100 letters, digits, or _ . : -")
     if catch_up not in CATCH_UP_POLICIES:
         raise ValueError(f"catch_up must be 'skip' or 'all', not {catch_up!r}")
@@ -42,7 +41,7 @@ def define(runtime: Runtime, name: str, workflow: Workflow[..., Any] | str, cron
     arguments = dict(args or {})
     if not all(isinstance(key, str) for key in arguments):
         raise TypeError("schedule args must be a mapping of argument names to values")
-    if queue is not None and (not isinstance(queue, str) or not _NAME.match(queue)):
+    if queue is not None and (not isinstance(queue, str) or not limits.NAME.fullmatch(queue)):
         raise ValueError(f"queue {queue!r} is not valid: 1 to 100 letters, digits, or _ . : -")
 
     known = runtime.registry.resolve(workflow)

@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from . import limits
 from .errors import ConfigurationError, SerializationError
 from .serialization import Serializer, Signature
 
@@ -34,12 +35,10 @@ class Workflow(Generic[P, R]):
                 "own options; rename them")
         self.fn = fn
         self.name = name
-        self.queue = queue
-        self.priority = priority
-        self.max_recoveries = max_recoveries
-        if timeout_seconds is not None and timeout_seconds <= 0:
-            raise ConfigurationError(f"workflow {name!r}: timeout_seconds must be positive")
-        self.timeout_seconds = timeout_seconds
+        self.queue = limits.queue_name(queue)
+        self.priority = limits.priority(priority)
+        self.max_recoveries = None if max_recoveries is None else limits.max_recoveries(max_recoveries)
+        self.timeout_seconds = limits.timeout_seconds(timeout_seconds)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = Signature(fn)
         functools.update_wrapper(self, fn)

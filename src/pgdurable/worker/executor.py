@@ -104,7 +104,7 @@ class Executor:
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
             serializer=self.runtime.serializer, batcher=self.batcher, loop=self.loop, db_now=claimed.db_now,
-            on_suspend=self._on_suspend, runtime=self.runtime, observers=self.observers)
+            on_suspend=self._on_suspend, observers=self.observers)
         if self.observers:
             context.telemetry = self.observers.workflow_started(claimed.id, claimed.name, claimed.attempt,
                                                                 json.loads(trace) if trace else None)
