@@ -22,26 +22,26 @@ if TYPE_CHECKING:
 _RECHECK_SECONDS = 5.0
 
 
-def get_event(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> Any:
+def get_event(runtime: Runtime, execution_id: str, key: str, timeout: float | None) -> Any:
     ctx = current()
     if ctx is None:
-        return _read(runtime, _wait(runtime, workflow_id, key, timeout))
+        return _read(runtime, _wait(runtime, execution_id, key, timeout))
     step_id, recorded = ctx.begin_step("pgdurable.get_event")
     if recorded is not None:
         return ctx.replay(recorded, Any)
-    text = _wait(runtime, workflow_id, key, timeout)
+    text = _wait(runtime, execution_id, key, timeout)
     drive_sync(ctx, record_step(ctx, step_id, "pgdurable.get_event", text or "null", None, 1, ctx.db_now()))
     return _read(runtime, text)
 
 
-async def get_event_async(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> Any:
+async def get_event_async(runtime: Runtime, execution_id: str, key: str, timeout: float | None) -> Any:
     ctx = current()
     if ctx is None:
-        return _read(runtime, await _wait_async(runtime, workflow_id, key, timeout))
+        return _read(runtime, await _wait_async(runtime, execution_id, key, timeout))
     step_id, recorded = ctx.begin_step("pgdurable.get_event")
     if recorded is not None:
         return ctx.replay(recorded, Any)
-    text = await _wait_async(runtime, workflow_id, key, timeout)
+    text = await _wait_async(runtime, execution_id, key, timeout)
     await drive_async(ctx, record_step(ctx, step_id, "pgdurable.get_event", text or "null", None, 1,
                                       ctx.db_now()))
     return _read(runtime, text)
@@ -51,22 +51,22 @@ def _read(runtime: Runtime, text: str | None) -> Any:
     return None if text is None else runtime.serializer.loads(text, Any)
 
 
-def _wait(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> str | None:
-    return wait_sync(runtime.db, runtime.completions, _published(workflow_id, key, timeout))
+def _wait(runtime: Runtime, execution_id: str, key: str, timeout: float | None) -> str | None:
+    return wait_sync(runtime.db, runtime.completions, _published(execution_id, key, timeout))
 
 
-async def _wait_async(runtime: Runtime, workflow_id: str, key: str, timeout: float | None) -> str | None:
-    return await wait_async(runtime.db, runtime.completions, _published(workflow_id, key, timeout))
+async def _wait_async(runtime: Runtime, execution_id: str, key: str, timeout: float | None) -> str | None:
+    return await wait_async(runtime.db, runtime.completions, _published(execution_id, key, timeout))
 
 
-def _published(workflow_id: str, key: str, timeout: float | None) -> Generator[Any, Any, str | None]:
+def _published(execution_id: str, key: str, timeout: float | None) -> Generator[Any, Any, str | None]:
     """The event's latest value, waiting up to ``timeout`` for a first one (one plan, both drivers)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    call = store.get_event(id=workflow_id, key=key)
+    call = store.get_event(id=execution_id, key=key)
     found: str | None = yield call
     if found is not None or not timeout:
         return found
-    yield Listen(event_key(workflow_id))
+    yield Listen(event_key(execution_id))
     while True:
         found = yield call  # after subscribing: an event published in between is seen
         remaining = _remaining(deadline)

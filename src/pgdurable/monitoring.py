@@ -373,11 +373,11 @@ def _at(when: datetime) -> datetime | str:
     return when.source if isinstance(when, display.ExtremeTime) else when
 
 
-def exists(workflow_id: str) -> store.Call[bool]:
-    return store.Call("dash_exists", {"id": workflow_id}, bool)
+def exists(execution_id: str) -> store.Call[bool]:
+    return store.Call("dash_exists", {"id": execution_id}, bool)
 
 
-def execution(workflow_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[ExecutionDetail | None]:
+def execution(execution_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[ExecutionDetail | None]:
     def read(rows: Rows) -> ExecutionDetail | None:
         if not rows:
             return None
@@ -385,68 +385,68 @@ def execution(workflow_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Ex
         return ExecutionDetail(_load(fields), Payload(output, size) if output is not None else None,
                                _json_object(error), parent_name, parent_status)
 
-    return store.Call("dash_execution", {"id": workflow_id, "max": preview}, read)
+    return store.Call("dash_execution", {"id": execution_id, "max": preview}, read)
 
 
-def execution_input(workflow_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Payload | None]:
-    return store.Call("dash_input", {"id": workflow_id, "max": preview},
+def execution_input(execution_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Payload | None]:
+    return store.Call("dash_input", {"id": execution_id, "max": preview},
                       lambda rows: Payload(rows[0][0], rows[0][1]) if rows else None)
 
 
-def payload(workflow_id: str, column: str) -> store.Call[str | None]:
+def payload(execution_id: str, column: str) -> store.Call[str | None]:
     if column not in ("input", "output", "error"):
         raise ValueError(f"no payload column {column!r}")
-    return store.Call("dash_payload", {"id": workflow_id, "column": column},
+    return store.Call("dash_payload", {"id": execution_id, "column": column},
                       lambda rows: rows[0][0] if rows else None)
 
 
-def steps(workflow_id: str, preview: int = STEP_PREVIEW, limit: int = MAX_STEPS) -> store.Call[list[StepDetail]]:
+def steps(execution_id: str, preview: int = STEP_PREVIEW, limit: int = MAX_STEPS) -> store.Call[list[StepDetail]]:
     def read(rows: Rows) -> list[StepDetail]:
         return [StepDetail(_load(fields), Payload(output, size) if output is not None else None,
                            _json_object(error)) for fields, output, size, error in rows]
 
-    return store.Call("dash_steps", {"id": workflow_id, "max": preview, "limit": limit}, read)
+    return store.Call("dash_steps", {"id": execution_id, "max": preview, "limit": limit}, read)
 
 
-def children_counts(workflow_id: str, cap: int = COUNT_CAP) -> store.Call[dict[str, int]]:
-    return store.Call("dash_children_counts", {"id": workflow_id, "cap": cap},
+def children_counts(execution_id: str, cap: int = COUNT_CAP) -> store.Call[dict[str, int]]:
+    return store.Call("dash_children_counts", {"id": execution_id, "cap": cap},
                       lambda rows: {status: int(n) for status, n in rows})
 
 
-def children(workflow_id: str, limit: int = MAX_CHILDREN, cap: int = COUNT_CAP) -> store.Call[list[Child]]:
-    return store.Call("dash_children", {"id": workflow_id, "limit": limit, "cap": cap},
+def children(execution_id: str, limit: int = MAX_CHILDREN, cap: int = COUNT_CAP) -> store.Call[list[Child]]:
+    return store.Call("dash_children", {"id": execution_id, "limit": limit, "cap": cap},
                       lambda rows: [Child(*row) for row in rows])
 
 
-def message_counts(workflow_id: str, cap: int = COUNT_CAP) -> store.Call[tuple[int, int]]:
-    return store.Call("dash_message_counts", {"id": workflow_id, "cap": cap},
+def message_counts(execution_id: str, cap: int = COUNT_CAP) -> store.Call[tuple[int, int]]:
+    return store.Call("dash_message_counts", {"id": execution_id, "cap": cap},
                       lambda rows: (int(rows[0][0]), int(rows[0][1])))
 
 
-def messages(workflow_id: str, limit: int = MAX_MESSAGES, preview: int = STEP_PREVIEW,
+def messages(execution_id: str, limit: int = MAX_MESSAGES, preview: int = STEP_PREVIEW,
              cap: int = COUNT_CAP) -> store.Call[list[MessageInfo]]:
     def read(rows: Rows) -> list[MessageInfo]:
         return [MessageInfo(id, topic, Payload(text, size), key, created, consumed, step)
                 for id, topic, text, size, key, created, consumed, step in rows]
 
-    return store.Call("dash_messages", {"id": workflow_id, "limit": limit, "max": preview, "cap": cap}, read)
+    return store.Call("dash_messages", {"id": execution_id, "limit": limit, "max": preview, "cap": cap}, read)
 
 
-def events_latest(workflow_id: str, limit: int = MAX_EVENTS,
+def events_latest(execution_id: str, limit: int = MAX_EVENTS,
                   preview: int = STEP_PREVIEW) -> store.Call[list[EventValue]]:
     def read(rows: Rows) -> list[EventValue]:
         return [EventValue(key, step, Payload(text, size), created, int(versions))
                 for key, step, text, size, created, versions in reversed(rows)]
 
-    return store.Call("dash_events_latest", {"id": workflow_id, "limit": limit, "max": preview}, read)
+    return store.Call("dash_events_latest", {"id": execution_id, "limit": limit, "max": preview}, read)
 
 
-def events_history(workflow_id: str, limit: int = MAX_EVENTS,
+def events_history(execution_id: str, limit: int = MAX_EVENTS,
                    preview: int = STEP_PREVIEW) -> store.Call[list[EventValue]]:
     def read(rows: Rows) -> list[EventValue]:
         return [EventValue(key, step, Payload(text, size), created) for key, step, text, size, created in rows]
 
-    return store.Call("dash_events_history", {"id": workflow_id, "limit": limit, "max": preview}, read)
+    return store.Call("dash_events_history", {"id": execution_id, "limit": limit, "max": preview}, read)
 
 
 def schedules(limit: int = 500) -> store.Call[list[ScheduleInfo]]:

@@ -132,7 +132,7 @@ def child_id(ctx: ExecutionContext, step_id: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, candidate))
 
 
-def enqueue_child_plan(ctx: ExecutionContext, name: str, workflow_id: str | None,
+def enqueue_child_plan(ctx: ExecutionContext, name: str, execution_id: str | None,
                        params: dict[str, Any]) -> Plan:
     step_name = f"pgdurable.enqueue:{name}"
     step_id, recorded = ctx.begin_step(step_name)
@@ -140,7 +140,7 @@ def enqueue_child_plan(ctx: ExecutionContext, name: str, workflow_id: str | None
         if recorded.error is not None:  # the id belonged to another workflow when this first ran
             raise failures.rebuild(json.loads(recorded.error))
         return ctx.serializer.loads(recorded.output or "null", str)
-    new_id = workflow_id or child_id(ctx, step_id)
+    new_id = execution_id or child_id(ctx, step_id)
     recorded_now, owner_name, conflict = yield store.enqueue_child(
         parent=ctx.execution_id, attempt=ctx.attempt, step_id=step_id, step_name=step_name,
         started_at=ctx.db_now(), id=new_id, name=name, **params)
