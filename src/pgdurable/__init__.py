@@ -1,5 +1,8 @@
 """pgdurable: durable Python workflows with PostgreSQL as the only orchestrator."""
 
+import importlib
+from typing import Any
+
 from .app import App
 from .client import WorkflowHandle
 from .config import Settings
@@ -11,6 +14,7 @@ from .errors import (
     NonDeterminismError,
     PgDurableError,
     ResultTimeout,
+    SchemaNotInstalled,
     SerializationError,
     StepFailed,
     WorkflowCancelled,
@@ -44,6 +48,7 @@ __all__ = [
     "NonDeterminismError",
     "PgDurableError",
     "ResultTimeout",
+    "SchemaNotInstalled",
     "SerializationError",
     "Serializer",
     "Settings",
@@ -68,3 +73,13 @@ __all__ = [
     "sleep_until",
     "sleep_until_async",
 ]
+
+# Submodules with optional dependencies, imported on first use (``pgdurable.metrics`` needs prometheus-client,
+# ``pgdurable.tracing`` opentelemetry-api, ``pgdurable.dashboard`` starlette): ``import pgdurable`` stays light.
+_LAZY_SUBMODULES = frozenset({"metrics", "tracing", "dashboard", "demo"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,17 +14,17 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import enqueue, events, limits, plans, primitives, scheduling, store
+from . import enqueue, events, limits, local, plans, primitives, scheduling, store
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
 from .connections import async_driver_connection, sync_driver_connection
 from .context import current
-from .db import Database
+from .db import CallPlan, Database
 from .embedded import embedded_database_url
 from .errors import WorkflowNotFound
-from .local import LocalRuntime, start
 from .migrations import migrate
+from .redaction import SecretUrl, redact
 from .runtime import Runtime
 from .schedules import (
     CatchUp,
@@ -65,8 +65,20 @@ class App:
             schema=schema_name(schema), settings=settings,
             serializer=SizeLimit(serializer or JsonSerializer(), settings.max_payload_bytes),
             auto_migrate=auto_migrate)
-        self._local: LocalRuntime | None = None
+        self._local: local.LocalRuntime | None = None
         self._local_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        known = self.db.known_conninfo
+        return (f"<pgdurable.App schema={self.schema!r} database="
+                f"{redact(known, known) if known is not None else '(not connected yet)'!r}>")
+
+    @property
+    def database_url(self) -> str:
+        """The URL this App connects to: the one given, else ``PGDURABLE_DATABASE_URL``, ``DATABASE_URL``, else
+        the embedded server's (started by this call if need be). The value is usable as is (psycopg, psql);
+        its repr masks the password."""
+        return SecretUrl(self.db.conninfo)
 
     # What the runtime holds, under the names the App has always had.
     @property
@@ -255,27 +267,58 @@ class App:
         if current() is not None:
             return self.enqueue(workflow, *args, workflow_id=workflow_id, priority=priority,
                                 max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, **kwargs)
+        return local.start(local.Start(self.runtime, self._local_runtime(), workflow, args, kwargs,
+                                       workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
+                                       timeout_seconds=timeout_seconds))
+
+    async def start_async(self, workflow: Workflow[..., R], *args: Any, workflow_id: str | None = None,
+                          priority: int | None = None, max_recoveries: int | None = None,
+                          timeout_seconds: float | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+        if current() is not None:
+            return await self.enqueue_async(workflow, *args, workflow_id=workflow_id, priority=priority,
+                                            max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, **kwargs)
+        runner = self._local if self._local is not None else await asyncio.to_thread(self._local_runtime)
+        return await local.start_async(local.Start(
+            self.runtime, runner, workflow, args, kwargs, workflow_id=workflow_id, priority=priority,
+            max_recoveries=max_recoveries, timeout_seconds=timeout_seconds))
+
+    def _local_runtime(self) -> local.LocalRuntime:
         with self._local_lock:
             if self._local is None:
                 self.db.ensure_schema()
-                self._local = LocalRuntime(self.runtime)
-        return start(self.runtime, self._local, workflow, args, kwargs, workflow_id=workflow_id, priority=priority,
-                     max_recoveries=max_recoveries, timeout_seconds=timeout_seconds)
+                self._local = local.LocalRuntime(self.runtime)
+            return self._local
 
     # -- management ---------------------------------------------------------------------------------------
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         return WorkflowHandle(self.runtime, workflow_id)
 
+    # Each query below is one store.Call (or a plan of them), run by db.run and, in the *_async form, by
+    # db.arun: one implementation, two drivers.
+
     def get(self, workflow_id: str) -> store.Execution | None:
+        """The execution's row, or None."""
         return self.db.run(store.get_execution(workflow_id))
 
+    async def get_async(self, workflow_id: str) -> store.Execution | None:
+        return await self.db.arun(store.get_execution(workflow_id))
+
     def steps(self, workflow_id: str) -> list[store.Step]:
+        """Its recorded steps, in order."""
         return self.db.run(store.list_steps(workflow_id))
 
+    async def steps_async(self, workflow_id: str) -> list[store.Step]:
+        return await self.db.arun(store.list_steps(workflow_id))
+
     def list_workflows(self, *, status: str | None = None, name: str | None = None, queue: str | None = None,
-             limit: int = 50) -> list[store.Execution]:
+                       limit: int = 50) -> list[store.Execution]:
+        """Executions, newest first, filtered by status, workflow name and queue."""
         return self.db.run(store.list_executions(status=status, name=name, queue=queue, limit=limit))
+
+    async def list_workflows_async(self, *, status: str | None = None, name: str | None = None,
+                                   queue: str | None = None, limit: int = 50) -> list[store.Execution]:
+        return await self.db.arun(store.list_executions(status=status, name=name, queue=queue, limit=limit))
 
     def cancel(self, workflow_id: str) -> bool:
         """Cancel an enqueued or running execution. A running one stops at its next step."""
@@ -286,9 +329,10 @@ class App:
 
     def resume(self, workflow_id: str) -> bool:
         """Re-enqueue a failed or cancelled execution. Completed steps are kept; a failed step runs again."""
-        with self.db.pool.connection() as conn, conn.transaction():
-            store.run(conn, store.forget_failed_steps(workflow_id))
-            return store.run(conn, store.resume(workflow_id))
+        return self.db.run(store.resume(workflow_id))
+
+    async def resume_async(self, workflow_id: str) -> bool:
+        return await self.db.arun(store.resume(workflow_id))
 
     # -- queue policies -----------------------------------------------------------------------------------
 
@@ -315,17 +359,30 @@ class App:
 
     def apply_queue_policies(self) -> None:
         """Store the declared queue policies (workers do this when they start)."""
-        for policy in self.queue_policies.values():
-            self.db.run(store.set_queue_policy(policy))
+        self.db.run_plan(self._store_policies())
+
+    async def apply_queue_policies_async(self) -> None:
+        await self.db.arun_plan(self._store_policies())
+
+    def _store_policies(self) -> CallPlan[None]:
+        for policy in list(self.queue_policies.values()):
+            yield store.set_queue_policy(policy)
 
     def fork(self, workflow_id: str, from_step: int, *, new_workflow_id: str | None = None) -> WorkflowHandle[Any]:
         """A new execution of the same workflow and input that reuses the recorded outputs of steps before
         ``from_step`` and runs again from there, on the code deployed now (fix a bug, then re-run)."""
-        return enqueue.fork(self.runtime, workflow_id, from_step, new_workflow_id)
+        return enqueue.fork(enqueue.Fork(self.runtime, workflow_id, from_step, new_workflow_id))
+
+    async def fork_async(self, workflow_id: str, from_step: int, *,
+                         new_workflow_id: str | None = None) -> WorkflowHandle[Any]:
+        return await enqueue.fork_async(enqueue.Fork(self.runtime, workflow_id, from_step, new_workflow_id))
 
     def children(self, workflow_id: str) -> list[tuple[Any, ...]]:
         """(id, name, status, created_at, completed_at) of the workflows this one started."""
         return self.db.run(store.list_children(workflow_id))
+
+    async def children_async(self, workflow_id: str) -> list[tuple[Any, ...]]:
+        return await self.db.arun(store.list_children(workflow_id))
 
     # -- messages and events ------------------------------------------------------------------------------
 
@@ -341,7 +398,9 @@ class App:
             return True
         with _missing_destination(workflow_id):
             if conn is not None:
-                return store.run(sync_driver_connection(conn), store.send_message_in_transaction(call, self.schema))
+                driver = sync_driver_connection(conn)
+                self.db.ensure_schema()  # on our own connection, not in the caller's transaction
+                return store.run(driver, store.send_message_in_transaction(call, self.schema))
             return self.db.run(call)
 
     async def send_async(self, workflow_id: str, message: Any, *, topic: str | None = None,
@@ -353,8 +412,9 @@ class App:
             return True
         with _missing_destination(workflow_id):
             if conn is not None:
-                return await store.arun(await async_driver_connection(conn),
-                                        store.send_message_in_transaction(call, self.schema))
+                driver = await async_driver_connection(conn)
+                await asyncio.to_thread(self.db.ensure_schema)
+                return await store.arun(driver, store.send_message_in_transaction(call, self.schema))
             return await self.db.arun(call)
 
     def _send_call(self, workflow_id: str, message: Any, topic: str | None,
@@ -373,13 +433,23 @@ class App:
 
     def events(self, workflow_id: str) -> list[store.Event]:
         """Every value the workflow published, by key then in order (values decoded)."""
-        return [dataclasses.replace(e, value=self.serializer.loads(e.value, Any))
-                for e in self.db.run(store.list_events(workflow_id))]
+        return self._decoded_events(self.db.run(store.list_events(workflow_id)))
+
+    async def events_async(self, workflow_id: str) -> list[store.Event]:
+        return self._decoded_events(await self.db.arun(store.list_events(workflow_id)))
 
     def messages(self, workflow_id: str) -> list[store.Message]:
         """Messages sent to the workflow, consumed or not, in the order sent (decoded)."""
-        return [dataclasses.replace(m, message=self.serializer.loads(m.message, Any))
-                for m in self.db.run(store.list_messages(workflow_id))]
+        return self._decoded_messages(self.db.run(store.list_messages(workflow_id)))
+
+    async def messages_async(self, workflow_id: str) -> list[store.Message]:
+        return self._decoded_messages(await self.db.arun(store.list_messages(workflow_id)))
+
+    def _decoded_events(self, rows: list[store.Event]) -> list[store.Event]:
+        return [dataclasses.replace(e, value=self.serializer.loads(e.value, Any)) for e in rows]
+
+    def _decoded_messages(self, rows: list[store.Message]) -> list[store.Message]:
+        return [dataclasses.replace(m, message=self.serializer.loads(m.message, Any)) for m in rows]
 
     @property
     def version(self) -> str:
@@ -395,9 +465,17 @@ class App:
 
         return cleanup(self.db, older_than, statuses, batch_size=batch_size).executions
 
+    async def cleanup_async(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
+                            batch_size: int = 1000) -> int:
+        # Batches in a loop with progress callbacks: the sync implementation, on a thread.
+        return await asyncio.to_thread(self.cleanup, older_than, statuses, batch_size=batch_size)
+
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
         return migrate(self.db.conninfo, self.schema)
+
+    async def migrate_async(self) -> list[int]:
+        return await asyncio.to_thread(self.migrate)
 
     # -- schedules (logic: schedules.py, and worker/maintenance/scheduler.py fires them) ------------------
 
@@ -413,9 +491,17 @@ class App:
         "all" fires every missed tick. Everything is checked now: ``ValueError``/``TypeError`` on a bad
         expression, time zone or arguments. Redefining keeps the next tick unless the timetable changed.
         """
-        return scheduling.store_definition(self.runtime, scheduling.define(
+        return self.db.run_plan(scheduling.store_definition(scheduling.define(
             self.runtime, name, workflow, cron, timezone=timezone, queue=queue, priority=priority, args=args,
-            catch_up=catch_up, pass_scheduled_at=pass_scheduled_at))
+            catch_up=catch_up, pass_scheduled_at=pass_scheduled_at)), transaction=True)
+
+    async def schedule_async(self, name: str, workflow: Workflow[..., Any] | str, cron: str, *,
+                             timezone: str = "UTC", queue: str | None = None, priority: int | None = None,
+                             args: Mapping[str, Any] | None = None, catch_up: CatchUp = "skip",
+                             pass_scheduled_at: bool | None = None) -> Schedule:
+        return await self.db.arun_plan(scheduling.store_definition(scheduling.define(
+            self.runtime, name, workflow, cron, timezone=timezone, queue=queue, priority=priority, args=args,
+            catch_up=catch_up, pass_scheduled_at=pass_scheduled_at)), transaction=True)
 
     def scheduled(self, cron: str, *, name: str | None = None, timezone: str = "UTC", queue: str | None = None,
                   priority: int | None = None, args: Mapping[str, Any] | None = None, catch_up: CatchUp = "skip",
@@ -436,21 +522,36 @@ class App:
     def get_schedule(self, name: str) -> Schedule | None:
         return self.db.run(get_schedule(name))
 
+    async def get_schedule_async(self, name: str) -> Schedule | None:
+        return await self.db.arun(get_schedule(name))
+
     def list_schedules(self) -> list[Schedule]:
         return self.db.run(list_schedules())
+
+    async def list_schedules_async(self) -> list[Schedule]:
+        return await self.db.arun(list_schedules())
 
     def unschedule(self, name: str) -> bool:
         """Delete a schedule; True if it existed. Executions it already enqueued are left alone."""
         return self.db.run(delete_schedule(name))
 
+    async def unschedule_async(self, name: str) -> bool:
+        return await self.db.arun(delete_schedule(name))
+
     def pause_schedule(self, name: str) -> bool:
         """Stop firing a schedule until it is resumed; True if it exists."""
         return self.db.run(pause_schedule(name))
 
+    async def pause_schedule_async(self, name: str) -> bool:
+        return await self.db.arun(pause_schedule(name))
+
     def resume_schedule(self, name: str) -> bool:
         """Fire a paused schedule again from its first tick after now (ticks missed while paused do not fire);
         True if it exists. ``ValueError`` if its stored expression or time zone is invalid."""
-        return scheduling.resume(self.runtime, name)
+        return self.db.run_plan(scheduling.resume(name), transaction=True)
+
+    async def resume_schedule_async(self, name: str) -> bool:
+        return await self.db.arun_plan(scheduling.resume(name), transaction=True)
 
     # -- workers ------------------------------------------------------------------------------------------
 

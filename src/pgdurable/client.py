@@ -96,9 +96,26 @@ class WorkflowHandle(Generic[R]):
         if not self._is_final(outcome):
             yield Listen(self.workflow_id)
             while not self._is_final(outcome := (yield from self._status(deadline))):
+                if deadline is not None and deadline - time.monotonic() <= 0:
+                    raise ResultTimeout((yield from self._timeout_message(timeout)))
                 yield Nap(self._wait_time(deadline))
         assert outcome is not None
         return outcome
+
+    def _timeout_message(self, timeout: float | None) -> Generator[Any, Any, str]:
+        """Why the wait timed out, saying so when no live worker could have run it (a queue nobody serves)."""
+        message = f"workflow {self.workflow_id} did not finish within {timeout:g} s"
+        try:
+            found: store.Unserved | None = yield store.unserved(self.workflow_id)
+        except psycopg.Error:
+            found = None
+        if found is None or found.status != "enqueued" or (found.served and found.known):
+            return f"{message}; it keeps running"
+        if not found.served:
+            return (f"{message}: it is enqueued, and no live worker serves queue {found.queue!r} (a worker serves "
+                    "the queues given with --queue, else every queue its app declares); it runs when one does")
+        return (f"{message}: it is enqueued, and no live worker on queue {found.queue!r} knows workflow "
+                f"{found.name!r}; it runs when one does")
 
     def _status(self, deadline: float | None) -> Generator[Any, Any, tuple[Any, ...] | None]:
         """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
@@ -123,10 +140,7 @@ class WorkflowHandle(Generic[R]):
     def _wait_time(self, deadline: float | None) -> float:
         if deadline is None:
             return _RECHECK_SECONDS
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise ResultTimeout(f"workflow {self.workflow_id} did not finish in time; it keeps running")
-        return min(remaining, _RECHECK_SECONDS)
+        return max(0.0, min(deadline - time.monotonic(), _RECHECK_SECONDS))
 
     def _decode(self, outcome: tuple[Any, ...] | None) -> R:
         assert outcome is not None

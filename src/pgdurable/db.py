@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 import psycopg
@@ -18,6 +19,9 @@ from .migrations import applied_version, migrate
 from .redaction import check_database_url
 
 T = TypeVar("T")
+# Statements that depend on each other's results, written once for both drivers: a generator that yields
+# each store.Call and receives its result (run_plan and arun_plan run it, on one connection).
+CallPlan = Generator["store.Call[Any]", Any, T]
 
 
 def configure(conn: psycopg.Connection[Any], schema: str) -> None:
@@ -26,12 +30,14 @@ def configure(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
     register_loaders(conn.adapters)
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
+    store.remember_schema(conn, schema)
 
 
 async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
     register_loaders(conn.adapters)
     await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
+    store.remember_schema(conn, schema)
 
 
 class Database:
@@ -59,6 +65,11 @@ class Database:
                 if self._conninfo is None:
                     # A malformed URL is refused here, once, with its password redacted (libpq would quote it).
                     self._conninfo = check_database_url(self._conninfo_source())
+        return self._conninfo
+
+    @property
+    def known_conninfo(self) -> str | None:
+        """The connection string if it was resolved already (resolving may start the embedded server)."""
         return self._conninfo
 
     def ensure_schema(self) -> None:
@@ -110,6 +121,17 @@ class Database:
         with self.pool.connection() as conn:
             return store.run(conn, call)
 
+    def run_plan(self, plan: CallPlan[T], *, transaction: bool = False) -> T:
+        """Run the statements of ``plan`` on one connection (all in one transaction with ``transaction``)."""
+        with self.pool.connection() as conn, conn.transaction() if transaction else contextlib.nullcontext():
+            result: Any = None
+            while True:
+                try:
+                    call = plan.send(result)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                result = store.run(conn, call)
+
     # -- async --------------------------------------------------------------------------------------------
 
     async def aconnect(self) -> psycopg.AsyncConnection[Any]:
@@ -151,6 +173,17 @@ class Database:
         pool = await self.async_pool()
         async with pool.connection() as conn:
             return await store.arun(conn, call)
+
+    async def arun_plan(self, plan: CallPlan[T], *, transaction: bool = False) -> T:
+        pool = await self.async_pool()
+        async with pool.connection() as conn, conn.transaction() if transaction else contextlib.nullcontext():
+            result: Any = None
+            while True:
+                try:
+                    call = plan.send(result)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                result = await store.arun(conn, call)
 
     async def aclose_loop_pool(self) -> None:
         loop = asyncio.get_running_loop()

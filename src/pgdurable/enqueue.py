@@ -5,6 +5,7 @@ for all of them; App.start (worker side: local.py) uses the same checks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -119,8 +120,12 @@ def enqueue(request: Request, conn: Any = None) -> WorkflowHandle[Any]:
         return WorkflowHandle(request.runtime, plans.drive_sync(ctx, request.child_plan(ctx)), request.hint)
     if conn is None:
         return request.handle(request.runtime.db.run(request.call))
+    driver = sync_driver_connection(conn)
+    # Migrate (once) on our own connection first: the caller's is in a transaction, which a failed statement
+    # would abort, and which must not hold the migration's locks until it ends.
+    request.runtime.db.ensure_schema()
     with id_conflicts():
-        created = store.run(sync_driver_connection(conn), request.in_transaction())
+        created = store.run(driver, request.in_transaction())
     return WorkflowHandle(request.runtime, created, request.hint)
 
 
@@ -130,8 +135,10 @@ async def enqueue_async(request: Request, conn: Any = None) -> WorkflowHandle[An
         return WorkflowHandle(request.runtime, await plans.drive_async(ctx, request.child_plan(ctx)), request.hint)
     if conn is None:
         return request.handle(await request.runtime.db.arun(request.call))
+    driver = await async_driver_connection(conn)
+    await asyncio.to_thread(request.runtime.db.ensure_schema)  # as in enqueue
     with id_conflicts():
-        created = await store.arun(await async_driver_connection(conn), request.in_transaction())
+        created = await store.arun(driver, request.in_transaction())
     return WorkflowHandle(request.runtime, created, request.hint)
 
 
@@ -174,6 +181,12 @@ class Bulk:
                     definition.encode_bound(serializer, row["input"])
                 if not rows:
                     raise SerializationError(f"arguments of workflow {definition.name!r} cannot be stored")
+            if definition.checks_types(serializer):  # every row at once, as enqueue checks one
+                errors = definition.signature.rows_errors(rows)
+                if errors:
+                    where = errors[0]["loc"]
+                    error = definition.argument_error({**errors[0], "loc": where[2:]}, chunk[where[0]]["input"])
+                    raise type(error)(f"enqueue_many item {i + where[0]}: {error}")
             self.calls.append(store.enqueue_many(
                 rows=rows, name=definition.name, queue=queue or definition.queue,
                 priority=definition.priority if priority is None else priority,
@@ -227,19 +240,40 @@ def _split(item: tuple[Any, ...] | dict[str, Any]) -> tuple[tuple[Any, ...], dic
 
 # ---- fork ---------------------------------------------------------------------------------------------------
 
-def fork(runtime: Runtime, workflow_id: str, from_step: int, new_workflow_id: str | None) -> WorkflowHandle[Any]:
-    """A new execution of the same workflow and input that reuses the recorded steps before ``from_step``."""
-    if from_step < 0:
-        raise ValueError("from_step must be >= 0")
-    if new_workflow_id is not None:
-        limits.workflow_id(new_workflow_id)
-    new_id = new_workflow_id or str(uuid.uuid4())
+class Fork:
+    """A new execution of the same workflow and input that reuses the recorded steps before ``from_step``:
+    its statement, and how its outcome becomes a handle (or a clear error)."""
+
+    def __init__(self, runtime: Runtime, workflow_id: str, from_step: int, new_workflow_id: str | None) -> None:
+        if isinstance(from_step, bool) or not isinstance(from_step, int) or from_step < 0:
+            raise ValueError(f"from_step must be a step number (an integer >= 0), got {from_step!r}")
+        if new_workflow_id is not None:
+            limits.workflow_id(new_workflow_id)
+        self.runtime, self.source, self.from_step = runtime, workflow_id, from_step
+        self.call = store.fork(source=workflow_id, id=new_workflow_id or str(uuid.uuid4()), from_step=from_step)
+
+    def handle(self, forked: store.Forked) -> WorkflowHandle[Any]:
+        if not forked.source_found:
+            raise WorkflowNotFound(self.source)
+        if forked.id is None or forked.name is None:
+            steps = forked.recorded_steps
+            raise ValueError(
+                f"cannot fork {self.source} from step {self.from_step}: it has {steps} recorded step"
+                f"{'' if steps == 1 else 's'} (numbered from 0), so from_step may be 0 to {steps}")
+        definition = self.runtime.registry.get(forked.name)
+        return WorkflowHandle(self.runtime, forked.id, definition.signature.return_hint if definition else Any)
+
+
+def fork(request: Fork) -> WorkflowHandle[Any]:
     with id_conflicts():
-        created, name, _ = runtime.db.run(store.fork(source=workflow_id, id=new_id, from_step=from_step))
-    if created is None or name is None:
-        raise WorkflowNotFound(workflow_id)
-    definition = runtime.registry.get(name)
-    return WorkflowHandle(runtime, new_id, definition.signature.return_hint if definition else Any)
+        forked = request.runtime.db.run(request.call)
+    return request.handle(forked)
+
+
+async def fork_async(request: Fork) -> WorkflowHandle[Any]:
+    with id_conflicts():
+        forked = await request.runtime.db.arun(request.call)
+    return request.handle(forked)
 
 
 @contextlib.contextmanager

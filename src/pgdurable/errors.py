@@ -13,6 +13,24 @@ class ConfigurationError(PgDurableError):
     """The application is configured in a way that cannot work."""
 
 
+def migrate_command(schema: str | None = None) -> str:
+    """The command that installs or upgrades pgdurable's schema (named when it is not the default)."""
+    return "pgdurable migrate" + (f" --schema {schema}" if schema and schema != "pgdurable" else "")
+
+
+class SchemaNotInstalled(ConfigurationError):
+    """pgdurable's tables or functions are missing from the schema a statement ran on: the schema was never
+    migrated (an App with ``auto_migrate=False``, a worker or CLI pointed at a new database), or it is older
+    than this code."""
+
+    def __init__(self, schema: str | None, detail: str) -> None:
+        self.schema = schema
+        where = f"schema {schema!r}" if schema else "the schema used"
+        super().__init__(
+            f"pgdurable is not installed in {where} of this database, or is older than this pgdurable ({detail}): "
+            f"run `{migrate_command(schema)}` with the same database URL, or call app.migrate()")
+
+
 class SerializationError(PgDurableError, TypeError):
     """A value could not be encoded to (or decoded from) the payload format."""
 

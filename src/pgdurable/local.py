@@ -32,36 +32,59 @@ class LocalRuntime:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.worker.run())
 
-    def submit(self, claimed: store.Claimed, trace: str | None = None) -> None:
-        asyncio.run_coroutine_threadsafe(self.worker.adopt_new(claimed, trace), self.loop).result()
-
     def close(self) -> None:
         self.worker.stop_threadsafe()
         self.thread.join(timeout=self.worker.settings.shutdown_grace_seconds + 5)
 
 
-def start(runtime: Runtime, local: LocalRuntime, workflow: Workflow[..., Any], args: tuple[Any, ...],
-          kwargs: dict[str, Any], *, workflow_id: str | None, priority: int | None, max_recoveries: int | None,
-          timeout_seconds: float | None) -> WorkflowHandle[Any]:
-    """Insert the execution owned by ``local`` and run it there; on a queue with limits it is enqueued instead
-    (the limits decide when it runs, and a worker claims it)."""
-    definition = runtime.registry.resolve(workflow)
-    assert definition is not None
-    check_options(workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
-                  timeout_seconds=timeout_seconds)
-    input_text = definition.encode_arguments(runtime.serializer, args, kwargs)
-    trace = runtime.trace()
-    row = runtime.db.run(store.start_owned(
-        id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
-        priority=definition.priority if priority is None else priority, input=input_text,
-        max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
-        owner=local.worker.id, lease=runtime.settings.lease_seconds,
-        timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
-        version=runtime.version, trace=trace))
-    assert row is not None
-    execution_id, name, _, attempt, stored_input, db_now, owned = row
-    if name != definition.name:
-        raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
-    if owned:  # else its queue has limits: it was enqueued, and a worker runs it when they allow
-        local.submit(store.Claimed(execution_id, name, attempt, stored_input, db_now), trace)
-    return WorkflowHandle(runtime, execution_id, definition.signature.return_hint)
+class Start:
+    """One App.start: its statement (the execution inserted already owned by ``local``), and what follows
+    from its row: hand it to the local worker, or (a queue with limits) leave it enqueued for a worker."""
+
+    def __init__(self, runtime: Runtime, local: LocalRuntime, workflow: Workflow[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], *, workflow_id: str | None, priority: int | None,
+                 max_recoveries: int | None, timeout_seconds: float | None) -> None:
+        definition = runtime.registry.resolve(workflow)
+        assert definition is not None
+        check_options(workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
+                      timeout_seconds=timeout_seconds)
+        input_text = definition.encode_arguments(runtime.serializer, args, kwargs)
+        self.runtime, self.local, self.definition = runtime, local, definition
+        self.trace = runtime.trace()
+        self.call = store.start_owned(
+            id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
+            priority=definition.priority if priority is None else priority, input=input_text,
+            max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
+            owner=local.worker.id, lease=runtime.settings.lease_seconds,
+            timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
+            version=runtime.version, trace=self.trace)
+
+    def claimed(self, row: tuple[Any, ...] | None) -> store.Claimed | None:
+        """The execution to run here, or None (its queue has limits: it was enqueued for a worker)."""
+        assert row is not None
+        execution_id, name, _, attempt, stored_input, db_now, owned = row
+        if name != self.definition.name:
+            raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
+        return store.Claimed(execution_id, name, attempt, stored_input, db_now) if owned else None
+
+    def handle(self, row: tuple[Any, ...] | None) -> WorkflowHandle[Any]:
+        assert row is not None
+        return WorkflowHandle(self.runtime, row[0], self.definition.signature.return_hint)
+
+
+def start(request: Start) -> WorkflowHandle[Any]:
+    row = request.runtime.db.run(request.call)
+    claimed = request.claimed(row)
+    if claimed is not None:
+        asyncio.run_coroutine_threadsafe(request.local.worker.adopt_new(claimed, request.trace),
+                                         request.local.loop).result()
+    return request.handle(row)
+
+
+async def start_async(request: Start) -> WorkflowHandle[Any]:
+    row = await request.runtime.db.arun(request.call)
+    claimed = request.claimed(row)
+    if claimed is not None:
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            request.local.worker.adopt_new(claimed, request.trace), request.local.loop))
+    return request.handle(row)

@@ -72,9 +72,11 @@ def migrate(conninfo: str, schema: str, *, target: int | None = None) -> list[in
                 conn.execute(text)
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(version)
-                log.info("applied migration %04d_%s to schema %s", version, name, schema)
+                log.debug("applied migration %04d_%s to schema %s", version, name, schema)
             if applied:
                 row = conn.execute("SELECT to_regprocedure('reapply_role_grants()') IS NOT NULL").fetchone()
                 if row and row[0]:
                     conn.execute("SELECT reapply_role_grants()")
+        if applied:  # one line, however many migrations a fresh database needed
+            log.info("schema %s migrated to version %d", schema, applied[-1])
         return applied

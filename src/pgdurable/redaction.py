@@ -83,6 +83,17 @@ def check_database_url(conninfo: str) -> str:
     """``conninfo`` if libpq can use it; else ConfigurationError saying what is wrong, without its password.
     Also remembers its password for redaction."""
     remember(conninfo)
+    scheme, separator, _ = conninfo.partition("://")
+    if separator and scheme.lower() not in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            f"the database URL {redact(conninfo, conninfo)!r} is malformed: its scheme is {scheme!r}, and "
+            "pgdurable needs PostgreSQL: postgresql://user@host:port/database")
+    if not separator and "=" not in conninfo:
+        # No scheme, so no pattern finds a password in it: show nothing of what precedes an @.
+        shown = MASK + "@" + conninfo.rpartition("@")[2] if "@" in conninfo else conninfo
+        raise ConfigurationError(
+            f"the database URL {shown!r} is malformed: it has no scheme; write it "
+            "postgresql://user@host:port/database (or as key=value settings: host=... dbname=...)")
     try:
         params = conninfo_to_dict(conninfo)
     except psycopg.Error as exc:
@@ -98,6 +109,16 @@ def check_database_url(conninfo: str) -> str:
             raise ConfigurationError(f"the database URL {redact(conninfo, conninfo)!r} is malformed: invalid "
                                      f"port {redact(port, conninfo)!r}")
     return conninfo
+
+
+class SecretUrl(str):
+    """A connection URL that is used as is (it is a ``str``) but whose repr masks its password, so that it
+    can be shown in a REPL, a log of ``repr`` values or a traceback's locals without leaking it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(redact(str(self), str(self)))
 
 
 def describe(exc: BaseException, conninfo: str | None = None) -> str:

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from . import limits, store
+from . import limits
 from .cron import CronSchedule
+from .db import CallPlan
 from .runtime import Runtime
 from .schedules import (
     CATCH_UP_POLICIES,
@@ -81,13 +82,12 @@ def define(runtime: Runtime, name: str, workflow: Workflow[..., Any] | str, cron
         timeout_seconds=None if known is None else known.timeout_seconds)
 
 
-def store_definition(runtime: Runtime, definition: ScheduleDefinition) -> Schedule:
-    """Create or redefine a schedule; its next tick is computed from the database's clock."""
-    with runtime.db.pool.connection() as conn, conn.transaction():
-        now = store.run(conn, database_now())
-        stored = store.run(conn, upsert_schedule(definition, definition.cron.next_after(now)))
+def store_definition(definition: ScheduleDefinition) -> CallPlan[Schedule]:
+    """Create or redefine a schedule, in one transaction; its next tick is computed from the database's clock."""
+    now = yield database_now()
+    stored: Schedule | None = yield upsert_schedule(definition, definition.cron.next_after(now))
     if stored is None:  # a concurrent definition of the same name won; read what it stored
-        stored = runtime.db.run(get_schedule(definition.name))
+        stored = yield get_schedule(definition.name)
     assert stored is not None
     return stored
 
@@ -100,14 +100,15 @@ def declare(runtime: Runtime, workflow: W, definition: ScheduleDefinition) -> W:
     return workflow
 
 
-def resume(runtime: Runtime, name: str) -> bool:
-    with runtime.db.pool.connection() as conn, conn.transaction():
-        found = store.run(conn, lock_schedule(name))
-        if found is None:
-            return False
-        now, cron, timezone, _paused = found
-        try:
-            next_fire_at = CronSchedule(cron, timezone).next_after(now)
-        except ValueError as exc:
-            raise ValueError(f"schedule {name!r} cannot be resumed: {exc}; redefine it") from None
-        return store.run(conn, resume_schedule(name, next_fire_at))
+def resume(name: str) -> CallPlan[bool]:
+    """Resume a paused schedule from its first tick after now, in one transaction (the row locked)."""
+    found = yield lock_schedule(name)
+    if found is None:
+        return False
+    now, cron, timezone, _paused = found
+    try:
+        next_fire_at = CronSchedule(cron, timezone).next_after(now)
+    except ValueError as exc:
+        raise ValueError(f"schedule {name!r} cannot be resumed: {exc}; redefine it") from None
+    resumed: bool = yield resume_schedule(name, next_fire_at)
+    return resumed

@@ -8,18 +8,15 @@ import time
 import psycopg
 
 from .db import Database
-from .errors import ConfigurationError
-from .redaction import describe
+from .dberrors import explain
+from .errors import ConfigurationError, migrate_command
 
 log = logging.getLogger("pgdurable")
 
 
 def is_credentials_error(exc: psycopg.Error) -> bool:
     """Wrong user, password or database name: waiting will not fix it."""
-    state = getattr(exc, "sqlstate", None) or ""
-    text = str(exc)
-    return state.startswith("28") or state == "3D000" or any(
-        hint in text for hint in ("password authentication failed", "does not exist", "no pg_hba.conf entry"))
+    return explain(exc).permanent
 
 
 def wait_for_database(db: Database, timeout: float) -> None:
@@ -40,12 +37,13 @@ def wait_for_database(db: Database, timeout: float) -> None:
                 if db.check(connect_timeout=min(remaining, 10)) == 0:
                     raise ConfigurationError(
                         f"pgdurable is not installed in schema {db.schema!r} of this database (and this app does "
-                        "not migrate: auto_migrate=False): run `pgdurable migrate` first")
+                        f"not migrate: auto_migrate=False): run `{migrate_command(db.schema)}` first")
             return
         except psycopg.OperationalError as exc:
-            reason = describe(exc, db.conninfo)
-            if is_credentials_error(exc):
-                raise ConfigurationError(f"the database refused these credentials: {reason}") from None
+            problem = explain(exc, db.conninfo)
+            reason = problem.message
+            if problem.permanent:
+                raise ConfigurationError(reason) from None
             if time.monotonic() + delay > deadline:
                 raise ConfigurationError(
                     f"the database did not answer within {timeout:.0f} s: {reason}") from None

@@ -11,7 +11,9 @@ name or fails loudly (an unknown field), instead of silently shifting the fields
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -20,6 +22,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import BaseRowFactory, class_row, dict_row
 
+from .errors import SchemaNotInstalled
 from .sqlfiles import query
 
 T = TypeVar("T")
@@ -45,21 +48,45 @@ def _statement(call: Call[Any]) -> Any:
 
 
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
-    if call.row_factory is None:
-        cur = conn.execute(_statement(call), call.params)
-        return call.read(cur.fetchall() if cur.description else [])
-    with conn.cursor(row_factory=call.row_factory) as named:
-        named.execute(_statement(call), call.params)
-        return call.read(named.fetchall() if named.description else [])
+    with _schema_errors(conn, call):
+        if call.row_factory is None:
+            cur = conn.execute(_statement(call), call.params)
+            return call.read(cur.fetchall() if cur.description else [])
+        with conn.cursor(row_factory=call.row_factory) as named:
+            named.execute(_statement(call), call.params)
+            return call.read(named.fetchall() if named.description else [])
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
-    if call.row_factory is None:
-        cur = await conn.execute(_statement(call), call.params)
-        return call.read(await cur.fetchall() if cur.description else [])
-    async with conn.cursor(row_factory=call.row_factory) as named:
-        await named.execute(_statement(call), call.params)
-        return call.read(await named.fetchall() if named.description else [])
+    with _schema_errors(conn, call):
+        if call.row_factory is None:
+            cur = await conn.execute(_statement(call), call.params)
+            return call.read(await cur.fetchall() if cur.description else [])
+        async with conn.cursor(row_factory=call.row_factory) as named:
+            await named.execute(_statement(call), call.params)
+            return call.read(await named.fetchall() if named.description else [])
+
+
+# The schema each of pgdurable's own connections works in (set by db.configure), to name it in errors.
+_schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# What a statement of ours meets on a schema that was never migrated, or migrated by an older pgdurable.
+_MISSING = (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+            psycopg.errors.UndefinedColumn)
+
+
+def remember_schema(conn: Any, schema: str) -> None:
+    _schemas[conn] = schema
+
+
+@contextmanager
+def _schema_errors(conn: Any, call: Call[Any]) -> Iterator[None]:
+    """Every statement here is pgdurable's own: a missing relation, function or schema means pgdurable is not
+    installed (or out of date) there, which deserves a message saying what to run, not libpq's."""
+    try:
+        yield
+    except _MISSING as exc:
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise SchemaNotInstalled(call.schema or _schemas.get(conn), detail) from exc
 
 
 # ---- rows -------------------------------------------------------------------------------------------------
@@ -325,19 +352,31 @@ def cancel(id: str) -> Call[bool]:
     return Call("cancel", {"id": id}, lambda rows: bool(rows and rows[0][0]))
 
 
-def forget_failed_steps(id: str) -> Call[None]:
-    return Call("forget_failed_steps", {"id": id}, _nothing)
-
-
 def resume(id: str) -> Call[bool]:
+    """Re-enqueue a failed or cancelled execution, forgetting its failed step (one statement)."""
     return Call("resume", {"id": id}, bool)
 
 
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """An execution's status and queue, and whether a live worker serves that queue and knows its workflow."""
+
+    status: str
+    queue: str
+    name: str
+    served: bool
+    known: bool
+
+
+def unserved(id: str) -> Call[Unserved | None]:
+    return Call("unserved", {"id": id}, _first, row_factory=class_row(Unserved))
+
+
 def register_worker(*, id: str, hostname: str, pid: int, queues: list[str], workflows: list[str],
-                    concurrency: int, version: str) -> Call[None]:
+                    concurrency: int, version: str, lease: float | None = None) -> Call[None]:
     return Call("register_worker", {"id": id, "hostname": hostname, "pid": pid, "queues": queues,
-                                    "workflows": workflows, "concurrency": concurrency, "version": version},
-                _nothing)
+                                    "workflows": workflows, "concurrency": concurrency, "version": version,
+                                    "lease": lease}, _nothing)
 
 
 def worker_heartbeat(id: str) -> Call[None]:
@@ -480,10 +519,18 @@ def list_children(id: str) -> Call[list[tuple[Any, ...]]]:
     return Call("list_children", {"id": id}, _dicts)
 
 
-def fork(*, source: str, id: str, from_step: int) -> Call[tuple[str | None, str | None, int]]:
-    """(the new execution's id, its workflow name, steps copied); id None when there is no such source."""
+@dataclass(frozen=True, slots=True)
+class Forked:
+    id: str | None  # None: not forked (no such source, or from_step past its recorded steps)
+    name: str | None
+    copied: int
+    source_found: bool
+    recorded_steps: int
+
+
+def fork(*, source: str, id: str, from_step: int) -> Call[Forked]:
     return Call("fork", {"source": source, "id": id, "from_step": from_step},
-                lambda rows: (rows[0][0], rows[0][1], int(rows[0][2])))
+                lambda rows: Forked(rows[0][0], rows[0][1], int(rows[0][2]), bool(rows[0][3]), int(rows[0][4])))
 
 
 def queue_depths() -> Call[list[tuple[Any, ...]]]:

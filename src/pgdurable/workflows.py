@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import limits
 from .errors import ConfigurationError, SerializationError
-from .serialization import Serializer, Signature
+from .serialization import JsonSerializer, Serializer, Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,9 +59,10 @@ class Workflow(Generic[P, R]):
             raise TypeError(f"arguments do not fit workflow {self.name!r}: {exc}") from None
 
     def encode_bound(self, serializer: Serializer, bound: dict[str, Any]) -> str:
-        """The stored input; SerializationError naming the argument that cannot be stored."""
+        """The stored input; SerializationError naming the argument that cannot be stored, TypeError or
+        ValueError naming the one that does not match its annotation."""
         try:
-            return serializer.dumps(bound)
+            text = serializer.dumps(bound)
         except SerializationError:
             for argument, value in bound.items():
                 try:
@@ -69,6 +71,34 @@ class Workflow(Generic[P, R]):
                     raise SerializationError(
                         f"argument {argument!r} of workflow {self.name!r} cannot be stored: {exc}") from None
             raise
+        if self.checks_types(serializer):
+            errors = self.signature.input_errors(text)
+            if errors:
+                raise self.argument_error(errors[0], bound)
+        return text
+
+    def checks_types(self, serializer: Serializer) -> bool:
+        """Arguments are checked against the annotations when the worker decodes them by the annotations:
+        with the JSON serializer, for a workflow with annotated parameters."""
+        inner = getattr(serializer, "inner", serializer)  # serialization.SizeLimit wraps the real one
+        return isinstance(inner, JsonSerializer) and self.signature.typed
+
+    def argument_error(self, error: Mapping[str, Any], bound: Mapping[str, Any]) -> TypeError | ValueError:
+        """The error for one pydantic error detail about the stored input: which parameter, what its
+        annotation expects, what was given (and where inside it, for a nested value)."""
+        location = tuple(error.get("loc", ()))
+        parameter = str(location[0]) if location else "?"
+        inside = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location[1:])
+        given = bound.get(parameter, error.get("input"))
+        expected = type_name(self.signature.param_hints.get(parameter, Any))
+        message = (f"workflow {self.name!r}: argument {parameter!r} must be {expected}, got "
+                   f"{type(given).__name__} {_short(given)}")
+        if inside:
+            message += f" ({parameter}{inside}: {error.get('msg', 'invalid')})"
+        kind = str(error.get("type", ""))
+        value_problem = kind in ("literal_error", "enum", "value_error", "assertion_error") or kind.startswith(
+            ("greater_than", "less_than", "too_", "string_too", "string_pattern", "multiple_of"))
+        return ValueError(message) if value_problem else TypeError(message)
 
     def encode_arguments(self, serializer: Serializer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return self.encode_bound(serializer, self.bind(args, kwargs))
@@ -118,6 +148,23 @@ class Registry:
                 source = getattr(fn, "__qualname__", name)
             digest.update(name.encode() + b"\0" + source.encode() + b"\0")
         return digest.hexdigest()[:12]
+
+
+_MODULE_PREFIX = re.compile(r"(?<![\w.'\"])(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")
+
+
+def type_name(hint: Any) -> str:
+    """An annotation as its source would write it: int, list[int], int | None, Order."""
+    if hint is Any:
+        return "Any"
+    if isinstance(hint, type) and not getattr(hint, "__args__", None):
+        return hint.__qualname__
+    return _MODULE_PREFIX.sub("", repr(hint))  # typing.Optional[shop.Order] -> Optional[Order]
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def default_name(fn: Callable[..., Any]) -> str:

@@ -1,22 +1,21 @@
 """The ``pgdurable`` command line: run workers, migrate, inspect and steer executions, and the demo.
 
 This module builds the typer app (``cli``, run by ``main``) from one module per command or command group:
-``worker`` (run a worker), ``maintenance`` (migrate, cleanup), ``workers``, ``status``, ``dashboard``, ``demo``,
-and the groups ``workflows``, ``queues`` and ``schedules``. What they share (option types, the root group's
-error handling, the console, JSON and table helpers) is in ``_common``. Imports go one way: this module imports
-the command modules, they import ``_common`` and the engine, and nothing imports back up into this package.
+``worker`` (run a worker), ``maintenance`` (migrate, cleanup), ``database_url``, ``workers``, ``status``,
+``dashboard``, ``demo``, and the groups ``workflows``, ``queues`` and ``schedules``. What they share (option
+types, the root group's error handling, the console, JSON and table helpers) is in ``_common``. Imports go one
+way: this module imports the command modules, they import ``_common`` and the engine, and nothing imports back
+up into this package.
 """
 
 from __future__ import annotations
 
-import typer
-
-from . import dashboard, demo, maintenance, queues, schedules, status, worker, workers, workflows
-from ._common import NO_LOCALS, Commands
+from . import dashboard, database_url, demo, maintenance, queues, schedules, status, worker, workers, workflows
+from ._common import NO_LOCALS, Commands, Typer
 
 __all__ = ["cli", "main"]
 
-cli = typer.Typer(cls=Commands, **NO_LOCALS,
+cli = Typer(cls=Commands, **NO_LOCALS,
                   help="Durable Python workflows with PostgreSQL as the only orchestrator.\n\n"
                        "Exit codes: 0 done; 1 not done (no such execution, nothing to change, or something "
                        "needs attention); 2 bad input or the database cannot be used. Commands that read or "
@@ -26,6 +25,7 @@ cli = typer.Typer(cls=Commands, **NO_LOCALS,
 # The order here is the order of `pgdurable --help`: commands first, then the groups.
 cli.command()(worker.worker)
 cli.command()(maintenance.migrate)
+cli.command("database-url")(database_url.database_url)
 cli.command()(workers.workers)
 cli.command()(demo.demo)
 cli.command(epilog=status.STATUS_EPILOG)(status.status)

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..app import App
-from ..errors import ConfigurationError
-from ..redaction import describe, redact
-from ._common import AsJson, DatabaseUrl, Schema, console
+from ..dberrors import explain
+from ..errors import ConfigurationError, SchemaNotInstalled
+from ._common import AsJson, DatabaseUrl, Schema, console, fail
 
 
 def migrate(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
@@ -25,11 +25,9 @@ def migrate(database_url: DatabaseUrl = None, schema: Schema = None, as_json: As
     try:
         applied = app.migrate()
     except ConfigurationError as exc:
-        console.print(redact(str(exc)), style="red", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     except psycopg.OperationalError as exc:
-        console.print(f"the database cannot be reached: {describe(exc)}", style="red", markup=False)
-        raise typer.Exit(2) from None
+        fail(explain(exc, app.db.known_conninfo).message)
     finally:
         app.close()
     if as_json:
@@ -77,12 +75,10 @@ def cleanup(
                 app.db, age, statuses, batch_size=batch_size, dry_run=dry_run,
                 on_start=lambda total: progress.update(task, total=total),
                 on_batch=lambda batch: progress.advance(task, batch.executions))
-    except psycopg.errors.UndefinedTable:
-        console.print(f"[red]pgdurable cleanup: pgdurable is not installed in schema {escape(app.schema)}[/red]")
-        raise typer.Exit(2) from None
+    except SchemaNotInstalled as exc:
+        fail(f"cleanup: {exc}")
     except psycopg.OperationalError as exc:
-        console.print(f"[red]pgdurable cleanup: database unreachable: {escape(describe(exc))}[/red]")
-        raise typer.Exit(2) from None
+        fail(f"cleanup: {explain(exc, app.db.known_conninfo).message}")
     if as_json:
         key = "would_delete" if dry_run else "deleted"
         print(json.dumps({key: result.executions, "steps_deleted": result.steps,

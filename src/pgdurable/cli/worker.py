@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -10,22 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ..app import App
 from ..errors import ConfigurationError
-from ..redaction import redact
-from ._common import console, setup_logging
-
-
-def _load_app(target: str) -> App:
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise typer.BadParameter("expected MODULE:APP, for example myproject.workflows:app")
-    sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
-    app = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise typer.BadParameter(f"{target} is not a pgdurable.App (found {type(app).__name__})")
-    return app
+from ._common import fail, load_app, setup_logging
 
 
 def worker(
@@ -36,7 +21,7 @@ def worker(
         "--wait-for-db", help="Seconds to keep retrying while the database does not answer at start.")] = 300.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", help="Serve Prometheus metrics on this port (needs pgdurable[metrics]).")] = None,
+        "--metrics-port", help="Serve Prometheus metrics on this port (needs pgdurable\\[metrics]).")] = None,
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Run a worker: claim executions, run them, heartbeat, sweep. SIGTERM/SIGINT stops it gracefully.
@@ -44,15 +29,14 @@ def worker(
     Example: pgdurable worker shop:app --queue orders --concurrency 32 --metrics-port 9100
     """
     setup_logging(verbose)
-    app = _load_app(target)
+    app = load_app(target)
     import asyncio
 
     if metrics_port is not None:
         try:
             from ..metrics import PrometheusMetrics
         except ImportError:
-            console.print("[red]--metrics-port needs the metrics extra: pip install 'pgdurable[metrics]'[/red]")
-            raise typer.Exit(2) from None
+            fail("--metrics-port needs the metrics extra: pip install 'pgdurable[metrics]'")
         app.observe(PrometheusMetrics(app)).serve(metrics_port, metrics_host)  # type: ignore[attr-defined]
 
     from ..startup import wait_for_database
@@ -60,9 +44,7 @@ def worker(
     try:
         wait_for_database(app.db, wait_for_db)
     except ConfigurationError as exc:
-        console.print(f"pgdurable worker: {redact(str(exc))}", style="red", markup=False, highlight=False,
-                      soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(f"worker: {exc}")
 
     runner = app.worker(queues=queue or None, concurrency=concurrency)
     asyncio.run(runner.run(handle_signals=True))

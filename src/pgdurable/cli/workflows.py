@@ -20,6 +20,7 @@ from ._common import (
     console,
     dump,
     error_fields,
+    fail,
     jsonable,
     open_app,
     payload,
@@ -104,7 +105,8 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
     summary = Table.grid(padding=(0, 2))
     for label, value in [
         ("id", execution.id), ("workflow", execution.name), ("queue", execution.queue),
-        ("status", execution.status + (f" ({execution.wait_reason})" if execution.wait_reason else "")),
+        ("status", execution.status + (f" ({execution.wait_reason})"
+                                       if execution.wait_reason and execution.status == "waiting" else "")),
         ("attempt", str(execution.attempt)), ("version", execution.app_version or ""),
         ("parent", execution.parent_id or ""), ("forked from", execution.forked_from or ""),
         ("deadline", when(execution.deadline)),
@@ -155,8 +157,10 @@ def fork_workflow(workflow_id: str,
         try:
             forked = app.fork(workflow_id, from_step, new_workflow_id=new_id)
         except (WorkflowNotFound, WorkflowIdConflict) as exc:
-            console.print(f"[red]not forked: {exc}[/red]")
+            console.print(f"[red]not forked: {escape(str(exc))}[/red]")
             raise typer.Exit(1) from None
+        except ValueError as exc:  # a step past the recorded ones
+            fail(f"not forked: {exc}")
     if as_json:
         print(json.dumps({"id": workflow_id, "forked": forked.workflow_id, "from_step": from_step}))
     else:

@@ -304,6 +304,8 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
                 forked = await run_in_threadpool(app.fork, workflow_id, step)
             except WorkflowNotFound:
                 return PlainTextResponse("no such execution", status_code=404)
+            except ValueError as exc:  # a step past the recorded ones
+                return PlainTextResponse(str(exc), status_code=400)
             target, done = forked.workflow_id, True
         else:
             return PlainTextResponse("unknown action", status_code=404)

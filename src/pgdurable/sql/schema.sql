@@ -263,19 +263,29 @@ CREATE TABLE workers (
     concurrency     integer     NOT NULL,
     started_at      timestamptz NOT NULL DEFAULT now(),
     heartbeat_at    timestamptz NOT NULL DEFAULT now(),
-    app_version     text
+    app_version     text,
+    -- The worker's lease (it heartbeats every third of one); NULL for workers older than version 14.
+    lease_seconds   double precision CHECK (lease_seconds > 0)
 );
+
+-- A worker is live while its last heartbeat is younger than two of its leases (two minutes when unknown).
+CREATE FUNCTION worker_alive(heartbeat_at timestamptz, lease_seconds double precision) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT heartbeat_at > now() - make_interval(secs => least(2 * coalesce(lease_seconds, 60), 86400))
+$$;
 
 -- Enqueued executions that no live worker can run: nobody serves their queue, the workers that serve it
 -- do not know the workflow's name, or none of them runs the application version that started it.
 CREATE VIEW unrunnable_executions AS
 SELECT e.id, e.name, e.queue, e.created_at,
        CASE WHEN NOT EXISTS (SELECT 1 FROM workers w
-                             WHERE e.queue = ANY (w.queues) AND w.heartbeat_at > now() - interval '2 minutes')
+                             WHERE e.queue = ANY (w.queues) AND worker_alive(w.heartbeat_at, w.lease_seconds))
             THEN 'no live worker serves queue ' || e.queue
             WHEN NOT EXISTS (SELECT 1 FROM workers w
                              WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
-                               AND w.heartbeat_at > now() - interval '2 minutes')
+                               AND worker_alive(w.heartbeat_at, w.lease_seconds))
             THEN 'no live worker on queue ' || e.queue || ' knows workflow ' || e.name
             ELSE 'no live worker runs application version ' || e.app_version
        END AS reason
@@ -284,7 +294,7 @@ WHERE e.status = 'enqueued'
   AND NOT EXISTS (SELECT 1 FROM workers w
                   WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
                     AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version)
-                    AND w.heartbeat_at > now() - interval '2 minutes');
+                    AND worker_alive(w.heartbeat_at, w.lease_seconds));
 
 -- == Schedules =========================================================================================
 

@@ -53,10 +53,19 @@ T = TypeVar("T")
 _IDLE_TIMEOUT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
 
 
+def declared_queues(runtime: Runtime) -> set[str]:
+    """The queues a worker serves when none are named: ``default``, every queue a workflow names
+    (``@app.workflow(queue=...)``), every queue with declared limits (``app.queue(...)``) and every queue a
+    declared schedule enqueues on. An enqueue may name any queue; these are the ones the application declares."""
+    return ({"default"} | {wf.queue for wf in runtime.registry.workflows.values()} | set(runtime.queue_policies)
+            | {d.queue for d in runtime.declared_schedules.values() if d.queue})
+
+
 class Worker:
     """Runs the workflows registered on an application's runtime from the given queues (default: every queue
-    they use). ``app`` is the runtime, or the App whose runtime it is. With ``claim=False`` it claims nothing
-    and runs no maintenance: it only runs what it is handed (``adopt``), as App.start's local runtime."""
+    the application declares, see ``declared_queues``). ``app`` is the runtime, or the App whose runtime it
+    is. With ``claim=False`` it claims nothing and runs no maintenance: it only runs what it is handed
+    (``adopt``), as App.start's local runtime."""
 
     def __init__(self, app: Any, *, queues: list[str] | None = None, concurrency: int = 16,
                  claim: bool = True) -> None:
@@ -67,8 +76,7 @@ class Worker:
         self.settings = runtime.settings
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.names = runtime.registry.names()
-        self.queues = sorted(set(queues or {wf.queue for wf in runtime.registry.workflows.values()}
-                                 or {"default"}))
+        self.queues = sorted(set(queues or declared_queues(runtime)))
         self.concurrency = concurrency
         self.claims = claim
         self.version = runtime.version
@@ -181,7 +189,8 @@ class Worker:
             self.policies = await self._run(store.queue_policies(self.queues))
             await self._run(store.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
-                workflows=self.names, concurrency=self.concurrency, version=self.version))
+                workflows=self.names, concurrency=self.concurrency, version=self.version,
+                lease=self.settings.lease_seconds))
             self.scheduler = Scheduler(self.app, self._pool, self.id)
             services = {"listen": self.listener.run(), "timer": self.timer.run(),
                         "schedules": self.scheduler.run(), "policies": self.policy_refresh.run(),

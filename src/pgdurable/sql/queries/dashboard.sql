@@ -44,7 +44,7 @@ waiting AS (
 served AS (
     SELECT q AS queue, count(*) AS workers
     FROM workers, unnest(queues) AS q
-    WHERE heartbeat_at > now() - interval '2 minutes'
+    WHERE worker_alive(heartbeat_at, lease_seconds)
     GROUP BY q
 ),
 names AS (
@@ -223,9 +223,9 @@ ORDER BY name
 LIMIT %(limit)s;
 
 -- name: dash_workers
--- Registered workers, newest heartbeat first; alive = heartbeat within the two minutes the engine uses.
+-- Registered workers, newest heartbeat first; alive as the engine judges it (worker_alive).
 SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
-       heartbeat_at > now() - interval '2 minutes' AS alive, app_version
+       worker_alive(heartbeat_at, lease_seconds) AS alive, app_version
 FROM workers
 ORDER BY alive DESC, started_at;
 

@@ -100,6 +100,7 @@ SET status = 'running',
     started_at = coalesce(e.started_at, now()),
     updated_at = now(),
     app_version = %(version)s,
+    wait_reason = NULL,
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                     -- clamped (the table's CHECK holds it there too): no row can make the claim raise
                     THEN least(coalesce(e.deadline, 'infinity'),
@@ -168,7 +169,7 @@ WITH finished AS (
 )
 UPDATE workflow_executions e
 SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
-    owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now()
+    owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now(), wait_reason = NULL
 FROM finished f
 WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
 RETURNING e.id, e.attempt, NULL::int;
@@ -208,6 +209,7 @@ SET status = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN 'failed' ELSE 'e
                                           e.recoveries + 1, e.owner_id, e.max_recoveries))
                  ELSE e.error END,
     completed_at = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN now() END,
+    wait_reason = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN NULL ELSE e.wait_reason END,
     recoveries = e.recoveries + 1,
     owner_id = NULL,
     lease_expires = NULL,
@@ -224,15 +226,15 @@ WITH stuck AS (
     WHERE e.status = 'enqueued'
       AND e.available_at < now() - make_interval(secs => %(grace)s)
       AND EXISTS (SELECT 1 FROM workers w
-                  WHERE e.queue = ANY (w.queues) AND w.heartbeat_at > now() - interval '2 minutes')
+                  WHERE e.queue = ANY (w.queues) AND worker_alive(w.heartbeat_at, w.lease_seconds))
       AND NOT EXISTS (SELECT 1 FROM workers w
                       WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
-                        AND w.heartbeat_at > now() - interval '2 minutes')
+                        AND worker_alive(w.heartbeat_at, w.lease_seconds))
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_executions e
-SET status = 'failed', completed_at = now(), updated_at = now(),
+SET status = 'failed', completed_at = now(), updated_at = now(), wait_reason = NULL,
     error = jsonb_build_object(
         'type', 'pgdurable.UnknownWorkflow',
         'message', format('no live worker serving queue %%L registers workflow %%L', e.queue, e.name))
@@ -271,21 +273,38 @@ ORDER BY step_id;
 -- Cascades to unfinished descendants (see the SQL function).
 SELECT cancel_workflow(%(id)s);
 
--- name: forget_failed_steps
--- Resume re-runs a failed step: drop its recorded error and anything recorded after it.
-DELETE FROM operation_outputs o
-WHERE o.execution_id = %(id)s
-  AND o.step_id >= (SELECT min(step_id) FROM operation_outputs
-                    WHERE execution_id = %(id)s AND error IS NOT NULL)
-  AND EXISTS (SELECT 1 FROM workflow_executions
-              WHERE id = %(id)s AND status IN ('failed', 'cancelled'));
-
 -- name: resume
-UPDATE workflow_executions
+-- Re-enqueue a failed or cancelled execution, in one statement: the row is locked first, then a failed step's
+-- recorded error and anything recorded after it are dropped (the step runs again), then it is enqueued.
+WITH target AS (
+    SELECT id FROM workflow_executions
+    WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+    FOR UPDATE
+), forgotten AS (
+    DELETE FROM operation_outputs o
+    USING target
+    WHERE o.execution_id = target.id
+      AND o.step_id >= (SELECT min(step_id) FROM operation_outputs
+                        WHERE execution_id = target.id AND error IS NOT NULL)
+)
+UPDATE workflow_executions e
 SET status = 'enqueued', output = NULL, error = NULL, recoveries = 0, completed_at = NULL,
     available_at = now(), updated_at = now(), deadline = NULL, wait_reason = NULL
-WHERE id = %(id)s AND status IN ('failed', 'cancelled')
-RETURNING id;
+FROM target
+WHERE e.id = target.id
+RETURNING e.id;
+
+-- name: unserved
+-- Why no worker runs an enqueued execution: whether a live worker serves its queue, and whether one of those
+-- knows its workflow (both true, or not enqueued: nothing is missing). For the timeout error of result().
+SELECT e.status, e.queue, e.name,
+       EXISTS (SELECT 1 FROM workers w
+               WHERE e.queue = ANY (w.queues) AND worker_alive(w.heartbeat_at, w.lease_seconds)) AS served,
+       EXISTS (SELECT 1 FROM workers w
+               WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
+                 AND worker_alive(w.heartbeat_at, w.lease_seconds)) AS known
+FROM workflow_executions e
+WHERE e.id = %(id)s;
 
 -- name: queue_depths
 -- Unfinished executions by queue and status, with the age of the oldest available one (metrics, status).

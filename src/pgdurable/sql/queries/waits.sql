@@ -199,8 +199,13 @@ ORDER BY created_at, id;
 -- and runs from there (on whichever application version claims it). It keeps the source's options
 -- (queue, priority, recoveries, timeout, concurrency key), all but its dedup key: a fork is a deliberate
 -- second run.
-WITH source AS (
+WITH found AS (
     SELECT * FROM workflow_executions WHERE id = %(source)s
+), recorded AS (
+    -- Step ids run from 0: forking from one past the last reuses every step; further is refused.
+    SELECT coalesce(max(step_id) + 1, 0) AS steps FROM operation_outputs WHERE execution_id = %(source)s
+), source AS (
+    SELECT found.* FROM found, recorded WHERE %(from_step)s <= recorded.steps
 ), forked AS (
     SELECT i.id, i.name
     FROM source, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
@@ -221,4 +226,5 @@ WITH source AS (
     FROM workflow_events ev, forked
     WHERE ev.execution_id = %(source)s AND ev.step_id < %(from_step)s
 )
-SELECT (SELECT id FROM forked), (SELECT name FROM forked), (SELECT count(*) FROM copied);
+SELECT (SELECT id FROM forked), (SELECT name FROM forked), (SELECT count(*) FROM copied),
+       EXISTS (SELECT 1 FROM found), (SELECT steps FROM recorded);

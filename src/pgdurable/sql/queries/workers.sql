@@ -1,8 +1,8 @@
 -- Named queries on the worker registry.
 
 -- name: register_worker
-INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency, app_version)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s, %(version)s)
+INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency, app_version, lease_seconds)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s, %(version)s, %(lease)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
 
 -- name: worker_heartbeat
@@ -17,7 +17,7 @@ DELETE FROM workers WHERE heartbeat_at < now() - interval '1 hour';
 
 -- name: list_workers
 SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
-       heartbeat_at > now() - interval '2 minutes' AS alive, app_version
+       worker_alive(heartbeat_at, lease_seconds) AS alive, app_version
 FROM workers
 ORDER BY started_at;
 
