@@ -48,8 +48,9 @@ def test_concurrent_migrations_apply_each_version_once(database_url: str, schema
 def test_auto_migrate_can_be_turned_off(database_url: str, schema: str) -> None:
     app = pgdurable.App(database_url, schema=schema, auto_migrate=False)
     try:
-        with pytest.raises(psycopg.errors.UndefinedTable):
+        with pytest.raises(pgdurable.SchemaNotInstalled, match=f"run `pgdurable migrate --schema {schema}`") as raised:
             app.list_workflows()
+        assert isinstance(raised.value.__cause__, psycopg.errors.UndefinedTable)
         assert app.migrate() == [version for version, _, _ in migrations()]
         assert app.list_workflows() == []
     finally:

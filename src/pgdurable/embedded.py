@@ -39,7 +39,7 @@ def embedded_database_url(data_dir: Path | None = None) -> str:
         start_watchdog(path)
     url: str = server.get_uri()
     _started[path] = url
-    log.warning("pgdurable: no database URL configured; using the embedded PostgreSQL, data in %s", path)
+    log.warning("no database URL configured; using the embedded PostgreSQL, data in %s", path)
     return url
 
 

@@ -32,6 +32,8 @@ _secrets: set[str] = set()
 _URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(?P<secret>[^/?#\s]*)@")
 # password=... in a key/value connection string or a URL query (quoted or not)
 _KEYWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:\\.|[^'\\])*'|[^\s&]+)", re.IGNORECASE)
+# A key/value connection string starts with a keyword and '=' (host=... dbname=...).
+_KEY_VALUE = re.compile(r"\s*\w+\s*=")
 # The loggers whose records may quote a connection string or a libpq error.
 LOGGERS = ("pgdurable", "pgdurable.worker", "pgdurable.dashboard", "pgdurable.schedules", "pgdurable.telemetry",
            "psycopg", "psycopg.pool")
@@ -88,9 +90,9 @@ def check_database_url(conninfo: str) -> str:
         raise ConfigurationError(
             f"the database URL {redact(conninfo, conninfo)!r} is malformed: its scheme is {scheme!r}, and "
             "pgdurable needs PostgreSQL: postgresql://user@host:port/database")
-    if not separator and "=" not in conninfo:
+    if not separator and not _KEY_VALUE.match(conninfo):
         # No scheme, so no pattern finds a password in it: show nothing of what precedes an @.
-        shown = MASK + "@" + conninfo.rpartition("@")[2] if "@" in conninfo else conninfo
+        shown = redact(MASK + "@" + conninfo.rpartition("@")[2] if "@" in conninfo else conninfo, conninfo)
         raise ConfigurationError(
             f"the database URL {shown!r} is malformed: it has no scheme; write it "
             "postgresql://user@host:port/database (or as key=value settings: host=... dbname=...)")
