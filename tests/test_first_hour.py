@@ -64,12 +64,15 @@ async def test_enqueue_async_on_the_callers_connection_migrates_a_fresh_schema_f
     def double(n: int) -> int:
         return 2 * n
 
-    async with await psycopg.AsyncConnection.connect(database_url) as conn:
-        await conn.execute("SELECT 1")
-        handle = await app.enqueue_async(double, 4, conn=conn)
-        await conn.commit()
-    execution = await app.get_async(handle.workflow_id)
-    assert execution is not None and execution.status == "enqueued"
+    try:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            await conn.execute("SELECT 1")
+            handle = await app.enqueue_async(double, 4, conn=conn)
+            await conn.commit()
+        execution = await app.get_async(handle.workflow_id)
+        assert execution is not None and execution.status == "enqueued"
+    finally:
+        await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
 
 
 def test_a_schema_that_was_never_migrated_says_what_to_run(database_url: str, schema: str) -> None:
@@ -168,6 +171,13 @@ async def test_every_client_call_works_in_its_async_form(
         return int(child.result()) + int(message)
 
     start_worker(app)
+    try:
+        await _every_call_async(app, flow, leaf)
+    finally:
+        await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
+
+
+async def _every_call_async(app: pgdurable.App, flow: Any, leaf: Any) -> None:
     handle = await app.enqueue_async(flow, 1)
     assert await app.send_async(handle.workflow_id, 5, topic="go")
     assert await handle.result_async(timeout=WAIT) == 25

@@ -36,8 +36,8 @@ def test_healthy_status_shows_queues_workers_and_tables(app: pgdurable.App, data
     assert report["healthy"] is True and report["exit_code"] == 0 and report["attention"] == []
     assert report["schema_version"] == report["latest_version"] == latest_version()
     assert [(q["queue"], q["ready"], q["delayed"], q["waiting"], q["running"], q["live_workers"], q["overdue"])
-            for q in report["queues"]] == [("mail", 0, 0, 1, 0, 1, 0)]
-    assert report["queues"][0]["waiting_for"] == {"delay": 1}
+            for q in report["queues"]] == [("default", 0, 0, 0, 0, 1, 0), ("mail", 0, 0, 1, 0, 1, 0)]
+    assert report["queues"][1]["waiting_for"] == {"delay": 1}
     assert [w["id"] for w in report["workers"] if w["alive"]] == [runner.worker.id]
     tables = {t["name"] for t in report["tables"]}
     assert {"workflow_executions", "operation_outputs", "workers", "schema_migrations"} <= tables

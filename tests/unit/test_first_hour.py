@@ -222,3 +222,19 @@ def test_optional_submodules_are_reachable_from_the_package() -> None:
     assert pgdurable.metrics.PrometheusMetrics is not None
     with pytest.raises(AttributeError):
         _ = pgdurable.no_such_thing  # type: ignore[attr-defined]
+
+
+def test_the_next_start_forgets_users_of_the_embedded_server_that_were_killed(tmp_path: Any) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pgdurable.embedded_watch import forget_dead_users
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid runs no more, as a SIGKILLed user's
+    users = tmp_path / ".handle_pids.json"
+    users.write_text(json.dumps([gone.pid, os.getpid()]))
+    assert forget_dead_users(tmp_path) == [os.getpid()]
+    assert json.loads(users.read_text()) == [os.getpid()]  # so this process, exiting last, stops the server

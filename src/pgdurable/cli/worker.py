@@ -15,7 +15,9 @@ from ._common import fail, load_app, setup_logging
 
 def worker(
     target: Annotated[str, typer.Argument(help="The App to serve, as MODULE:ATTRIBUTE.")],
-    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to serve (repeatable).")] = None,
+    queue: Annotated[list[str] | None, typer.Option(
+        "--queue", "-q", help="Queue to serve (repeatable). Default: every queue the app declares (app.queue, "
+                              "@app.workflow(queue=...), schedules), and default.")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Executions run at once.")] = 16,
     wait_for_db: Annotated[float, typer.Option(
         "--wait-for-db", help="Seconds to keep retrying while the database does not answer at start.")] = 300.0,

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .. import monitoring, store
-from ..errors import ConfigurationError, WorkflowNotFound
+from ..errors import ConfigurationError, SchemaNotInstalled, WorkflowNotFound, migrate_command
 from ..redaction import redact
 from . import views
 from .security import Guard, GuardMiddleware, Sessions, end_session, safe_next, same_origin, start_session
@@ -317,9 +317,9 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
 
     def database_error(request: Request, exc: Exception) -> Response:
         status_code = 503
-        if isinstance(exc, psycopg.errors.UndefinedTable):
+        if isinstance(exc, psycopg.errors.UndefinedTable | SchemaNotInstalled):
             message = (f"pgdurable's tables are not in schema {app.schema!r} of this database. "
-                       "Check --schema, or run `pgdurable migrate`.")
+                       f"Check --schema, or run `{migrate_command(app.schema)}`.")
         elif isinstance(exc, psycopg.errors.QueryCanceled):
             message = "The query took too long and was stopped. Narrow the filters (a time range helps)."
         elif isinstance(exc, psycopg.OperationalError):

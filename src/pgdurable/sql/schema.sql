@@ -275,6 +275,7 @@ SET search_path FROM CURRENT
 AS $$
     SELECT heartbeat_at > now() - make_interval(secs => least(2 * coalesce(lease_seconds, 60), 86400))
 $$;
+REVOKE ALL ON FUNCTION worker_alive(timestamptz, double precision) FROM PUBLIC;  -- workers' (and owners') only
 
 -- Enqueued executions that no live worker can run: nobody serves their queue, the workers that serve it
 -- do not know the workflow's name, or none of them runs the application version that started it.

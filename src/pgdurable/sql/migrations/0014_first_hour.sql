@@ -12,6 +12,7 @@ SET search_path FROM CURRENT
 AS $$
     SELECT heartbeat_at > now() - make_interval(secs => least(2 * coalesce(lease_seconds, 60), 86400))
 $$;
+REVOKE ALL ON FUNCTION worker_alive(timestamptz, double precision) FROM PUBLIC;  -- workers' (and owners') only
 
 CREATE OR REPLACE VIEW unrunnable_executions AS
 SELECT e.id, e.name, e.queue, e.created_at,
