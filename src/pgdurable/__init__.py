@@ -20,6 +20,8 @@ from .errors import (
     WorkflowTimeout,
 )
 from .primitives import (
+    close_stream,
+    close_stream_async,
     gather,
     gather_async,
     patched,
@@ -27,10 +29,14 @@ from .primitives import (
     recv_async,
     set_event,
     set_event_async,
+    set_tags,
+    set_tags_async,
     sleep,
     sleep_async,
     sleep_until,
     sleep_until_async,
+    write_stream,
+    write_stream_async,
 )
 from .serialization import JsonSerializer, Serializer
 from .workflows import Workflow
@@ -55,6 +61,8 @@ __all__ = [
     "WorkflowIdConflict",
     "WorkflowNotFound",
     "WorkflowTimeout",
+    "close_stream",
+    "close_stream_async",
     "current_workflow_id",
     "gather",
     "gather_async",
@@ -63,8 +71,12 @@ __all__ = [
     "recv_async",
     "set_event",
     "set_event_async",
+    "set_tags",
+    "set_tags_async",
     "sleep",
     "sleep_async",
     "sleep_until",
     "sleep_until_async",
+    "write_stream",
+    "write_stream_async",
 ]
