@@ -572,8 +572,8 @@ class Stream:
     last_at: datetime
 
 
-def list_streams(id: str) -> Call[list[Stream]]:
-    return Call("list_streams", {"id": id}, _all, row_factory=class_row(Stream))
+def list_streams(id: str, limit: int = 1000) -> Call[list[Stream]]:
+    return Call("list_streams", {"id": id, "limit": limit}, _all, row_factory=class_row(Stream))
 
 
 def stream_values(*, id: str, key: str, limit: int, max: int) -> Call[list[tuple[Any, ...]]]:

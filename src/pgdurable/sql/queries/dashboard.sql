@@ -99,6 +99,7 @@ WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
   AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -114,6 +115,7 @@ WHERE created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestam
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
   AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -129,6 +131,7 @@ WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
   AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
 ORDER BY created_at, id
 LIMIT %(limit)s;
 

@@ -267,16 +267,18 @@ WHERE e.id = %(id)s
 ORDER BY st.step_id;
 
 -- name: list_streams
--- An execution's streams: each key with how many values it has, whether it is closed, and its last write.
+-- An execution's streams (the first %(limit)s keys): each key with how many values it has, whether it is
+-- closed, and its last write.
 SELECT key, count(*) FILTER (WHERE NOT closed) AS values, bool_or(closed) AS closed, max(created_at) AS last_at
 FROM workflow_streams
 WHERE execution_id = %(id)s
 GROUP BY key
-ORDER BY key;
+ORDER BY key
+LIMIT %(limit)s;
 
 -- name: stream_values
--- The newest %(limit)s values of one stream, cut to %(max)s characters (the dashboard).
-SELECT step_id, left(value::text, %(max)s), created_at
+-- The newest %(limit)s values of one stream, cut to %(max)s characters, with their sizes (the dashboard).
+SELECT step_id, left(value::text, %(max)s), octet_length(value::text), created_at
 FROM workflow_streams
 WHERE execution_id = %(id)s AND key = %(key)s AND NOT closed
 ORDER BY step_id DESC
