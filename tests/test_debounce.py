@@ -166,3 +166,18 @@ def test_async_debounce_and_bad_options(app: pgdurable.App) -> None:
         with pytest.raises(ValueError, match=match):
             app.enqueue(job, 1, **options)
     assert len(app.list_workflows()) == 1
+
+
+def test_debounce_in_the_callers_transaction(app: pgdurable.App, database_url: str,
+                                             db: psycopg.Connection[Any]) -> None:
+    @app.workflow()
+    def job(n: int) -> int:
+        return n
+
+    with psycopg.connect(database_url) as conn:
+        first = app.enqueue(job, 1, debounce_key="tx", debounce_seconds=30, tags={"via": "conn"}, conn=conn)
+        second = app.enqueue(job, 2, debounce_key="tx", debounce_seconds=30, conn=conn)
+        assert first.workflow_id == second.workflow_id
+        assert app.get(first.workflow_id) is None  # not committed yet
+    row = execution(app, first.workflow_id)
+    assert json.loads(row.input) == {"n": 2} and row.status == "waiting" and row.tags is None
