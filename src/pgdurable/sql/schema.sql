@@ -580,6 +580,14 @@ BEGIN
     ON CONFLICT DO NOTHING
     RETURNING e.id, e.name, e.status, e.attempt, e.input;
     GET DIAGNOSTICS created = ROW_COUNT;
+    -- A bulk enqueue (no debounce key anywhere) pays one JSON path scan here, not a second parse of its rows.
+    IF NOT (rows @? '$[*].debounce_key ? (@ != null)' OR coalesce(common -> 'debounce_key', 'null') <> 'null') THEN
+        IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+                USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+        END IF;
+        RETURN;
+    END IF;
 
     -- Debounced: one pending (not yet started) execution per (workflow, key). A later enqueue of the burst
     -- takes its place: its arguments and tags, and a start debounce_seconds from now, but never after the
