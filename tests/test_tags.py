@@ -191,3 +191,5 @@ def test_dashboard_filters_by_tags(app: pgdurable.App) -> None:
     bad = c.get("/workflows", params={"tag": "customer"}).text
     assert "is not key=value" in bad
     assert 'name="tag" value="customer=42"' in c.get("/workflows", params={"tag": "customer=42"}).text
+    page = c.get("/workflow", params={"id": "t-1"}).text
+    assert "<dt>tags</dt>" in page and "tier" in page and "gold" in page

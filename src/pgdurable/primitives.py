@@ -116,8 +116,10 @@ def set_event_plan(ctx: ExecutionContext, key: str, value: Any) -> Plan:
 def set_tags_plan(ctx: ExecutionContext, tags: dict[str, str]) -> Plan:
     """Add to the execution's tags: a step, so a replay does not write them again."""
     checked = limits.tags(tags)
+    if checked is None:  # nothing to add: no step either
+        return
     step_id, recorded = ctx.begin_step("pgdurable.set_tags")
-    if recorded is not None or checked is None:
+    if recorded is not None:
         return
     written = yield store.set_tags(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
                                    step_name="pgdurable.set_tags", started_at=ctx.db_now(), tags=json.dumps(checked))
