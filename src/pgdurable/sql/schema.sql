@@ -171,9 +171,11 @@ CREATE INDEX workflow_executions_key_running_idx
     ON workflow_executions (queue, concurrency_key)
     WHERE concurrency_key IS NOT NULL AND status = 'running';
 
--- Tags, searched by containment (list_workflows(tags=...)).
+-- Tags, searched by containment (list_workflows(tags=...); tags @> x implies tags IS NOT NULL, so the
+-- planner uses this index). Partial: an execution without tags costs the index nothing.
 CREATE INDEX workflow_executions_tags_idx
-    ON workflow_executions USING gin (tags jsonb_path_ops);
+    ON workflow_executions USING gin (tags jsonb_path_ops)
+    WHERE tags IS NOT NULL;
 
 -- Debounce: one pending (not yet started) execution per workflow and debounce key. A claim sets
 -- started_at, so a running execution leaves the index and the next enqueue starts a new burst.

@@ -17,7 +17,8 @@ ALTER TABLE workflow_executions
         CHECK (debounce_deadline BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00');
 
 CREATE INDEX workflow_executions_tags_idx
-    ON workflow_executions USING gin (tags jsonb_path_ops);
+    ON workflow_executions USING gin (tags jsonb_path_ops)
+    WHERE tags IS NOT NULL;
 
 CREATE UNIQUE INDEX workflow_executions_debounce_idx
     ON workflow_executions (name, debounce_key)
