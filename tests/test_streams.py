@@ -102,7 +102,9 @@ def test_stream_writes_are_steps_replayed_not_repeated(app: pgdurable.App,
     assert fork.result(timeout=WAIT) == "ok"
     assert list(app.read_stream(fork.workflow_id, "s")) == [0, 1, 2]
     with pytest.raises(ValueError, match="stream key must be 1 to 200"):
-        list(app.read_stream("w-1", ""))
+        app.read_stream("w-1", "")  # checked at the call, before any iteration
+    with pytest.raises(TypeError, match="stream key must be a string"):
+        app.read_stream_async("w-1", 7)  # type: ignore[arg-type]
 
 
 def test_dashboard_shows_a_workflows_streams(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:

@@ -59,7 +59,16 @@ class _Cursor:
 
 
 def read_stream(runtime: Runtime, execution_id: str, key: str) -> Iterator[Any]:
-    cursor = _Cursor(runtime, execution_id, key)
+    """Checked now (a bad key, a call from a workflow), read as the iteration goes."""
+    return _read(_Cursor(runtime, execution_id, key))
+
+
+def read_stream_async(runtime: Runtime, execution_id: str, key: str) -> AsyncIterator[Any]:
+    return _read_async(_Cursor(runtime, execution_id, key))
+
+
+def _read(cursor: _Cursor) -> Iterator[Any]:
+    runtime = cursor.runtime
     woken = threading.Event()
     unsubscribes = [runtime.completions.subscribe(k, woken.set) for k in cursor.wakers()]
     try:
@@ -75,8 +84,8 @@ def read_stream(runtime: Runtime, execution_id: str, key: str) -> Iterator[Any]:
         _unsubscribe(unsubscribes)
 
 
-async def read_stream_async(runtime: Runtime, execution_id: str, key: str) -> AsyncIterator[Any]:
-    cursor = _Cursor(runtime, execution_id, key)
+async def _read_async(cursor: _Cursor) -> AsyncIterator[Any]:
+    runtime = cursor.runtime
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
 
