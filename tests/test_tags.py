@@ -149,6 +149,11 @@ def test_tag_search_uses_the_index_at_100k_executions(db: psycopg.Connection[Any
     assert "workflow_executions_tags_idx" in plan, plan
     rows = db.execute(query("list_executions_by_tags"), params).fetchall()
     assert len(rows) == 5
+    # the dashboard's list, filtered by tags, finds them along the same index
+    page = {"status": None, "name": None, "queue": None, "prefix": None, "since": "-infinity", "until": "infinity",
+            "limit": 51, "parent": None, "tags": params["tags"]}
+    plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + query("dash_list_first"), page).fetchall())
+    assert "workflow_executions_tags_idx" in plan, plan
 
 
 def test_cli_lists_by_tag(app: pgdurable.App, database_url: str, schema: str) -> None:
