@@ -29,7 +29,14 @@ from .errors import SerializationError
 Plan = Generator[Any, Any, Any]
 
 
-def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
+def _no_statements(effect: Any) -> RuntimeError:
+    return RuntimeError(f"a plan run outside a workflow yielded {type(effect).__name__}: only calls and pauses "
+                        "can run there")
+
+
+def drive_sync(ctx: ExecutionContext | None, plan: Plan) -> Any:
+    """Run a plan from a sync workflow's thread (``ctx`` None: outside a workflow, where a plan may only call
+    and pause, as a transactional step called outside a workflow does)."""
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -45,6 +52,8 @@ def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
                 error = exc
         elif isinstance(effect, Pause):
             time.sleep(effect.seconds)
+        elif ctx is None:
+            error = _no_statements(effect)
         else:
             try:
                 result = ctx.perform_sync(effect)
@@ -54,7 +63,8 @@ def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
                 error = exc
 
 
-async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
+async def drive_async(ctx: ExecutionContext | None, plan: Plan) -> Any:
+    """Run a plan from an async workflow's task (``ctx`` None: outside a workflow, as in ``drive_sync``)."""
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -72,6 +82,8 @@ async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
                 error = exc
         elif isinstance(effect, Pause):
             await asyncio.sleep(effect.seconds)
+        elif ctx is None:
+            error = _no_statements(effect)
         else:
             try:
                 result = await ctx.perform_async(effect)
