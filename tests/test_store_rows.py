@@ -29,6 +29,9 @@ def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
         (store.list_messages("rows-1"), store.Message),
         (store.list_events("rows-1"), store.Event),
         # The dashboard's and status's read models, and the schedules.
+        (store.queue_depths(), store.QueueDepth),
+        (store.sweep_expired(), store.Swept),
+        (store.fail_unrunnable(3600), store.Named),
         (monitoring.workers(), monitoring.WorkerInfo),
         (monitoring.unrunnable(), monitoring.Unrunnable),
         (monitoring.list_page(monitoring.ListFilter()), monitoring.ListedExecution),
@@ -50,6 +53,12 @@ def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
 def _dict_calls() -> list[tuple[store.Call[Any], set[str]]]:
     """Calls read as dicts, with the columns their readers use."""
     return [
+        (store.wake_due(), {"woken", "next_due", "now"}),
+        (store.receive(id="rows-1", attempt=1, topic="t", step_id=1, step_name="recv", started_at=_T),
+         {"owned", "wakeups", "found", "message"}),
+        (store.awaited_status(id="rows-1", attempt=1, ids=["rows-1"]),
+         {"wakeups", "id", "status", "output", "error", "is_child"}),
+        (store.fork(source="nobody", id="rows-fork", from_step=0), {"id", "name", "copied"}),
         (monitoring.queues(), {"queue", "ready", "delayed", "running", "stale", "oldest_ready_seconds",
                                "live_workers", "waiting", "overdue", *monitoring.WAIT_KINDS}),
         (monitoring.outcomes(), {"ago", "status", "n"}),
