@@ -3,12 +3,14 @@ tests/docs_blocks.py). One test per page: its blocks run in order, in a director
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,15 +127,11 @@ def _has_sql(statement: str) -> bool:
 
 
 def _signal_group(group: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(group, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _wait_group(group: int) -> None:
-    import time
-
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
