@@ -122,6 +122,19 @@ class Page:
         self.log.close()
 
 
+def lint_files(page: Page, names: list[str]) -> None:
+    """The modules a page's blocks make pass the project's ruff rules (examples/ is linted by CI's ruff step).
+    E402: a block that continues a module may import what it needs where it starts. pgdurable sorts as first
+    party, as it does in this repository."""
+    ruff = Path(page.bin_dir) / "ruff"
+    if not names or not ruff.exists():
+        return
+    command = [str(ruff), "check", "--no-cache", "--config", str(REPO / "pyproject.toml"),
+               "--config", "lint.isort.known-first-party = ['pgdurable']", "--extend-ignore", "E402", *names]
+    found = subprocess.run(command, cwd=page.directory, capture_output=True, text=True)
+    assert found.returncode == 0, f"{page.path.name}: ruff finds problems in its modules:\n{found.stdout}"
+
+
 def _has_sql(statement: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in statement.splitlines())
 
@@ -179,6 +192,7 @@ def test_every_block_runs(path: Path, page_runner: Any) -> None:
             target = page.directory / block.file_name
             with target.open("a") as out:
                 out.write(block.code)
+    lint_files(page, sorted({b.file_name for b in runnable if b.file_name}))
     for block in runnable:
         if block.file_name:
             compile((page.directory / block.file_name).read_text(), block.file_name, "exec")
