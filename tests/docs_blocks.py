@@ -1,9 +1,9 @@
 """Reading the code blocks of README.md and docs/*.md, as tests/test_docs.py runs them.
 
 A page's blocks, in order:
-- A ``python`` block whose first line names a file (``# shop.py``) is that file: every such block of a page is
-  written (blocks naming the same file are appended) into the page's directory before anything on the page
-  runs, so a worker started by any ``bash`` block imports all of it.
+- A ``python`` block whose first line names a file (``# shop.py``, ``# myapp/flows.py``) is that file: every
+  such block of a page is written (blocks naming the same file are appended) into the page's directory before
+  anything on the page runs, so a worker started by any ``bash`` block imports all of it.
 - Other ``python`` blocks run in order in one Python session per page, as in ``python -m asyncio`` (top-level
   ``await`` works); names stay defined from one block to the next.
 - ``bash``/``sh``/``shell`` blocks run in the page's directory with ``set -euo pipefail``; what they start in the
@@ -33,7 +33,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<what>skip|rollback)\b\s*(?P<why>.*?)\s*-->\s*$")
 SNIPPET = re.compile(r'^(?P<indent>[ \t]*)-{1,}8<-{1,}[ \t]+"(?P<path>[^"]+)"[ \t]*$')
 SECTION = re.compile(r"-{1,}8<-{1,}[ \t]+\[[ \t]*(?P<kind>start|end)[ \t]*:[ \t]*(?P<name>[a-z][-_0-9a-z]*)[ \t]*\]")
-FILE_HEADER = re.compile(r"^#\s*(?P<name>[A-Za-z_]\w*\.py)\b")
+FILE_HEADER = re.compile(r"^#\s*(?P<name>(?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py)\b")  # shop.py, myapp/flows.py
 
 
 @dataclass
