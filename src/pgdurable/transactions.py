@@ -21,7 +21,7 @@ from psycopg import sql
 
 from .context import ExecutionContext, current
 from .effects import Invoke, Pause
-from .errors import ConfigurationError, LeaseLost, SerializationError
+from .errors import ConfigurationError, LeaseLost, SerializationError, StepTimeout
 from .orm import async_session_transaction, session_kind, session_transaction
 from .plans import Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
@@ -125,6 +125,8 @@ class Transactions:
     # Statements that open every step transaction, and the checkpoint written just before its commit.
     opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...]
     checkpoint: sql.Composable
+    # The step's timeout: every statement of the transaction runs under it (statement_timeout).
+    timeout: float | None = None
 
 
 def _exit_args(exc: BaseException | None) -> tuple[Any, Any, Any]:
@@ -133,14 +135,14 @@ def _exit_args(exc: BaseException | None) -> tuple[Any, Any, Any]:
 
 def sync_transactions(open_scope: Callable[[], contextlib.AbstractContextManager[tuple[Any, Any]]],
                       opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...],
-                      checkpoint: sql.Composable) -> Transactions:
+                      checkpoint: sql.Composable, timeout: float | None = None) -> Transactions:
     return Transactions(
         scope=open_scope,
         enter=lambda scope: scope.__enter__(),
         exit=lambda scope, exc: scope.__exit__(*_exit_args(exc)),
         execute=lambda conn, statement, params: conn.execute(statement, params),
         fetch_one=lambda conn, statement, params: conn.execute(statement, params).fetchone(),
-        opening=opening, checkpoint=checkpoint)
+        opening=opening, checkpoint=checkpoint, timeout=timeout)
 
 
 async def _fetch_one(conn: psycopg.AsyncConnection[Any], statement: Any, params: Any) -> Any:
@@ -149,14 +151,14 @@ async def _fetch_one(conn: psycopg.AsyncConnection[Any], statement: Any, params:
 
 def async_transactions(open_scope: Callable[[], contextlib.AbstractAsyncContextManager[tuple[Any, Any]]],
                        opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...],
-                       checkpoint: sql.Composable) -> Transactions:
+                       checkpoint: sql.Composable, timeout: float | None = None) -> Transactions:
     return Transactions(
         scope=open_scope,
         enter=lambda scope: scope.__aenter__(),
         exit=lambda scope, exc: scope.__aexit__(*_exit_args(exc)),
         execute=lambda conn, statement, params: conn.execute(statement, params),
         fetch_one=_fetch_one,
-        opening=opening, checkpoint=checkpoint)
+        opening=opening, checkpoint=checkpoint, timeout=timeout)
 
 
 def in_transaction(tx: Transactions, body: Invoke, run: TransactionRun | None) -> Plan:
@@ -169,7 +171,14 @@ def in_transaction(tx: Transactions, body: Invoke, run: TransactionRun | None) -
         try:
             for statement, params in tx.opening:
                 yield Invoke(tx.execute, (conn, statement, params))
-            value = yield replace(body, args=(handle, *body.args))
+            try:
+                value = yield replace(body, args=(handle, *body.args))
+            except psycopg.errors.QueryCanceled as exc:
+                if tx.timeout is None or "statement timeout" not in str(exc):
+                    raise
+                raise StepTimeout(f"{body.label}: a statement ran past the step's timeout of {tx.timeout:g} s "
+                                  f"and was cancelled by the server ({str(exc).strip()}); the transaction rolled "
+                                  "back") from exc
             if run is not None:
                 try:
                     row = yield Invoke(tx.fetch_one, (conn, tx.checkpoint, run.checkpoint_params(value)))
@@ -211,7 +220,7 @@ def transaction_step_plan(run: TransactionRun, tx: Transactions, body: Invoke) -
 
 
 def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, policy: RetryPolicy,
-                          isolation: str | None) -> Callable[..., Any]:
+                          isolation: str | None, timeout: float | None = None) -> Callable[..., Any]:
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
     signature = Signature(fn)
@@ -232,7 +241,12 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
     opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...] = (
         *(() if set_isolation is None else ((set_isolation, None),)),
         (sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"),
-         (str(int(runtime.settings.lease_seconds * 1000)),)))
+         (str(int(runtime.settings.lease_seconds * 1000)),)),
+        # The step's timeout, enforced by the server on each statement (a thread cannot be stopped, a
+        # statement can): in ms, at least 1 (0 means none) and at most what the setting takes (about 24 days).
+        *(() if timeout is None else (
+            (sql.SQL("SELECT set_config('statement_timeout', %s, true)"),
+             (str(min(max(1, round(timeout * 1000)), 2**31 - 1)),)),)))
 
     tx: Transactions
     if is_async:
@@ -246,7 +260,7 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
                 async with pool.connection() as conn, conn.transaction():
                     yield conn, conn
 
-        tx = async_transactions(async_scope, opening, checkpoint)
+        tx = async_transactions(async_scope, opening, checkpoint, timeout)
     else:
         @contextlib.contextmanager
         def sync_scope() -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
@@ -257,10 +271,10 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
                 with runtime.db.app_pool.connection() as conn, conn.transaction():
                     yield conn, conn
 
-        tx = sync_transactions(sync_scope, opening, checkpoint)
+        tx = sync_transactions(sync_scope, opening, checkpoint, timeout)
 
     def plan(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ExecutionContext | None, Plan]:
-        body = Invoke(fn, args, kwargs)
+        body = Invoke(fn, args, kwargs, label=f"transactional step {name!r}")
         ctx = current()
         if ctx is None:  # outside a workflow: a plain transaction, nothing recorded
             return None, in_transaction(tx, body, None)
