@@ -331,8 +331,9 @@ RETURNING id;
 
 -- name: queue_depths
 -- Unfinished executions by queue and status, with the age of the oldest available one (metrics, status).
-SELECT queue, status, count(*),
+SELECT queue, status, count(*) AS count,
        extract(epoch FROM now()) - extract(epoch FROM min(available_at) FILTER (WHERE status = 'enqueued'))
+           AS oldest_seconds
 FROM workflow_executions
 WHERE status IN ('enqueued', 'waiting', 'running')
 GROUP BY queue, status
