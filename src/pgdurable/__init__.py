@@ -17,6 +17,7 @@ from .errors import (
     SchemaNotInstalled,
     SerializationError,
     StepFailed,
+    StepTimeout,
     WorkflowCancelled,
     WorkflowFailed,
     WorkflowIdConflict,
@@ -24,6 +25,8 @@ from .errors import (
     WorkflowTimeout,
 )
 from .primitives import (
+    close_stream,
+    close_stream_async,
     gather,
     gather_async,
     patched,
@@ -31,10 +34,14 @@ from .primitives import (
     recv_async,
     set_event,
     set_event_async,
+    set_tags,
+    set_tags_async,
     sleep,
     sleep_async,
     sleep_until,
     sleep_until_async,
+    write_stream,
+    write_stream_async,
 )
 from .serialization import JsonSerializer, Serializer
 from .workflows import Workflow
@@ -53,6 +60,7 @@ __all__ = [
     "Serializer",
     "Settings",
     "StepFailed",
+    "StepTimeout",
     "Workflow",
     "WorkflowCancelled",
     "WorkflowFailed",
@@ -60,6 +68,8 @@ __all__ = [
     "WorkflowIdConflict",
     "WorkflowNotFound",
     "WorkflowTimeout",
+    "close_stream",
+    "close_stream_async",
     "current_workflow_id",
     "gather",
     "gather_async",
@@ -68,10 +78,14 @@ __all__ = [
     "recv_async",
     "set_event",
     "set_event_async",
+    "set_tags",
+    "set_tags_async",
     "sleep",
     "sleep_async",
     "sleep_until",
     "sleep_until_async",
+    "write_stream",
+    "write_stream_async",
 ]
 
 # Submodules with optional dependencies, imported on first use (``pgdurable.metrics`` needs prometheus-client,

@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import enqueue, events, limits, local, plans, primitives, scheduling, store
+from . import enqueue, events, limits, local, plans, primitives, scheduling, store, streams
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
@@ -149,44 +149,50 @@ class App:
 
     @overload
     def step(self, fn: None = None, *, name: str | None = None, max_attempts: int = 3, interval: float = 0.5,
-             backoff: float = 2.0, max_interval: float = 60.0,
-             no_retry: tuple[type[BaseException], ...] = ()) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+             backoff: float = 2.0, max_interval: float = 60.0, no_retry: tuple[type[BaseException], ...] = (),
+             timeout: float | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def step(self, fn: Callable[..., Any] | None = None, *, name: str | None = None, max_attempts: int = 3,
              interval: float = 0.5, backoff: float = 2.0, max_interval: float = 60.0,
-             no_retry: tuple[type[BaseException], ...] = ()) -> Any:
+             no_retry: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> Any:
         """Declare a step: run at least once, recorded exactly once, replayed from its record.
 
         A failing step is retried ``max_attempts`` times in all, waiting ``interval * backoff**n`` seconds
-        (at most ``max_interval``); exception types in ``no_retry`` fail it at once.
+        (at most ``max_interval``); exception types in ``no_retry`` fail it at once. An attempt that runs
+        longer than ``timeout`` seconds fails with ``StepTimeout`` (an async step is cancelled; a sync step's
+        thread is abandoned and its late result ignored), and is retried like any failure.
         """
         policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
                              max_interval=max_interval, no_retry=no_retry)
+        seconds = limits.timeout_seconds(timeout, "step timeout")
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or default_name(fn)
             self.registry.steps.add(step_name)
-            return make_step(fn, step_name, policy)
+            return make_step(fn, step_name, policy, seconds)
 
         return register(fn) if fn is not None else register
 
     def transaction(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
                     isolation: str | None = None, max_attempts: int = 3, interval: float = 0.5,
                     backoff: float = 2.0, max_interval: float = 60.0,
-                    no_retry: tuple[type[BaseException], ...] = ()) -> Any:
+                    no_retry: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> Any:
         """Declare a transactional step: it receives a connection in an open transaction as its first
         argument (callers leave it out), and its writes commit together with its checkpoint, or not at all.
 
         ``isolation``: None (the server's default), "read committed", "repeatable read" or "serializable".
         Serialization failures and deadlocks roll back and retry on their own budget of attempts.
+        ``timeout``: the server cancels any statement of the step that runs longer (statement_timeout); the
+        attempt then rolls back and fails with ``StepTimeout``, retried like any failure.
         """
         policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
                              max_interval=max_interval, no_retry=no_retry)
+        seconds = limits.timeout_seconds(timeout, "step timeout")
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or default_name(fn)
             self.registry.steps.add(step_name)
-            return make_transaction_step(self.runtime, fn, step_name, policy, isolation)
+            return make_transaction_step(self.runtime, fn, step_name, policy, isolation, seconds)
 
         return register(fn) if fn is not None else register
 
@@ -196,7 +202,9 @@ class App:
                 queue: str | None = None, priority: int | None = None, delay: float = 0.0,
                 max_recoveries: int | None = None, timeout_seconds: float | None = None,
                 dedup_key: str | None = None, concurrency_key: str | None = None, on_duplicate: str = "return",
-                conn: Any = None, **kwargs: Any) -> WorkflowHandle[R]:
+                conn: Any = None, tags: dict[str, str] | None = None, debounce_key: str | None = None,
+                debounce_seconds: float | None = None, debounce_max_seconds: float | None = None,
+                **kwargs: Any) -> WorkflowHandle[R]:
         """Durably enqueue a workflow; a worker runs it. A given ``workflow_id`` is an idempotency key.
 
         With ``conn`` (a psycopg connection, or a SQLAlchemy Session or Connection on psycopg), the
@@ -207,44 +215,57 @@ class App:
         the handle of the existing one is returned (``on_duplicate="raise"``: ``DuplicateWorkflow``).
         ``concurrency_key``: executions sharing it are limited together by the queue's ``key_concurrency``.
 
+        ``tags``: searchable labels, string keys and values (``list_workflows(tags=...)``).
+        ``debounce_key`` with ``debounce_seconds``: while an execution of this workflow with this key has not
+        started, this enqueue replaces its arguments (and tags) and moves its start to ``debounce_seconds``
+        from now, but never later than ``debounce_max_seconds`` (if given) after the burst's first enqueue;
+        returns that execution's handle. One execution runs per burst.
+
         Called inside a workflow, it starts a child workflow: a step (replay finds the same child), with
         a deterministic id, the parent's deadline, and cancellation cascading from the parent.
         """
         request = enqueue.Request(self.runtime, workflow, args, kwargs, workflow_id=workflow_id, queue=queue,
                                   priority=priority, delay=delay, max_recoveries=max_recoveries,
                                   timeout_seconds=timeout_seconds, dedup_key=dedup_key,
-                                  concurrency_key=concurrency_key, on_duplicate=on_duplicate)
+                                  concurrency_key=concurrency_key, on_duplicate=on_duplicate, tags=tags,
+                                  debounce_key=debounce_key, debounce_seconds=debounce_seconds,
+                                  debounce_max_seconds=debounce_max_seconds)
         return enqueue.enqueue(request, conn)
 
     async def enqueue_async(self, workflow: Workflow[..., R] | str, *args: Any, workflow_id: str | None = None,
                             queue: str | None = None, priority: int | None = None, delay: float = 0.0,
                             max_recoveries: int | None = None, timeout_seconds: float | None = None,
                             dedup_key: str | None = None, concurrency_key: str | None = None,
-                            on_duplicate: str = "return", conn: Any = None,
-                            **kwargs: Any) -> WorkflowHandle[R]:
+                            on_duplicate: str = "return", conn: Any = None, tags: dict[str, str] | None = None,
+                            debounce_key: str | None = None, debounce_seconds: float | None = None,
+                            debounce_max_seconds: float | None = None, **kwargs: Any) -> WorkflowHandle[R]:
         request = enqueue.Request(self.runtime, workflow, args, kwargs, workflow_id=workflow_id, queue=queue,
                                   priority=priority, delay=delay, max_recoveries=max_recoveries,
                                   timeout_seconds=timeout_seconds, dedup_key=dedup_key,
-                                  concurrency_key=concurrency_key, on_duplicate=on_duplicate)
+                                  concurrency_key=concurrency_key, on_duplicate=on_duplicate, tags=tags,
+                                  debounce_key=debounce_key, debounce_seconds=debounce_seconds,
+                                  debounce_max_seconds=debounce_max_seconds)
         return await enqueue.enqueue_async(request, conn)
 
     def enqueue_many(self, workflow: Workflow[..., R], arguments: Iterable[tuple[Any, ...] | dict[str, Any]], *,
                      workflow_ids: Sequence[str] | None = None, queue: str | None = None,
-                     priority: int | None = None, delay: float = 0.0) -> list[WorkflowHandle[R]]:
+                     priority: int | None = None, delay: float = 0.0,
+                     tags: dict[str, str] | None = None) -> list[WorkflowHandle[R]]:
         """Enqueue many executions of one workflow in one transaction: all of them or none.
 
         Each item of ``arguments`` is a tuple of positional arguments or a dict of keyword arguments.
-        ``workflow_ids``, when given, are idempotency keys as in ``enqueue``.
+        ``workflow_ids``, when given, are idempotency keys as in ``enqueue``. ``tags``: given to every one.
         """
         return enqueue.enqueue_many(enqueue.Bulk(self.runtime, workflow, arguments, workflow_ids, queue, priority,
-                                                 delay))
+                                                 delay, tags))
 
     async def enqueue_many_async(self, workflow: Workflow[..., R],
                                  arguments: Iterable[tuple[Any, ...] | dict[str, Any]], *,
                                  workflow_ids: Sequence[str] | None = None, queue: str | None = None,
-                                 priority: int | None = None, delay: float = 0.0) -> list[WorkflowHandle[R]]:
+                                 priority: int | None = None, delay: float = 0.0,
+                                 tags: dict[str, str] | None = None) -> list[WorkflowHandle[R]]:
         return await enqueue.enqueue_many_async(enqueue.Bulk(self.runtime, workflow, arguments, workflow_ids, queue,
-                                                             priority, delay))
+                                                             priority, delay, tags))
 
     def observe(self, observer: Observer) -> Observer:
         """Register a metrics or tracing observer (see pgdurable.metrics, pgdurable.tracing)."""
@@ -255,7 +276,8 @@ class App:
 
     def start(self, workflow: Workflow[..., R], *args: Any, workflow_id: str | None = None,
               priority: int | None = None, max_recoveries: int | None = None,
-              timeout_seconds: float | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+              timeout_seconds: float | None = None, tags: dict[str, str] | None = None,
+              **kwargs: Any) -> WorkflowHandle[R]:
         """Run a workflow durably in this process, now. If the process dies, a worker resumes it.
 
         On a queue with limits (``app.queue(...)``, stored), the limits decide when it runs: it is enqueued
@@ -266,21 +288,23 @@ class App:
         """
         if current() is not None:
             return self.enqueue(workflow, *args, workflow_id=workflow_id, priority=priority,
-                                max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, **kwargs)
+                                max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, tags=tags, **kwargs)
         return local.start(local.Start(self.runtime, self._local_runtime(), workflow, args, kwargs,
                                        workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
-                                       timeout_seconds=timeout_seconds))
+                                       timeout_seconds=timeout_seconds, tags=tags))
 
     async def start_async(self, workflow: Workflow[..., R], *args: Any, workflow_id: str | None = None,
                           priority: int | None = None, max_recoveries: int | None = None,
-                          timeout_seconds: float | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+                          timeout_seconds: float | None = None, tags: dict[str, str] | None = None,
+                          **kwargs: Any) -> WorkflowHandle[R]:
         if current() is not None:
             return await self.enqueue_async(workflow, *args, workflow_id=workflow_id, priority=priority,
-                                            max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, **kwargs)
+                                            max_recoveries=max_recoveries, timeout_seconds=timeout_seconds,
+                                            tags=tags, **kwargs)
         runner = self._local if self._local is not None else await asyncio.to_thread(self._local_runtime)
         return await local.start_async(local.Start(
             self.runtime, runner, workflow, args, kwargs, workflow_id=workflow_id, priority=priority,
-            max_recoveries=max_recoveries, timeout_seconds=timeout_seconds))
+            max_recoveries=max_recoveries, timeout_seconds=timeout_seconds, tags=tags))
 
     def _local_runtime(self) -> local.LocalRuntime:
         with self._local_lock:
@@ -312,13 +336,22 @@ class App:
         return await self.db.arun(store.list_steps(workflow_id))
 
     def list_workflows(self, *, status: str | None = None, name: str | None = None, queue: str | None = None,
-                       limit: int = 50) -> list[store.Execution]:
-        """Executions, newest first, filtered by status, workflow name and queue."""
-        return self.db.run(store.list_executions(status=status, name=name, queue=queue, limit=limit))
+                       tags: dict[str, str] | None = None, limit: int = 50) -> list[store.Execution]:
+        """The newest executions, filtered. ``tags``: those whose tags include all of these (searched along
+        an index, whatever the number of executions)."""
+        return self.db.run(self._list_call(status, name, queue, tags, limit))
 
     async def list_workflows_async(self, *, status: str | None = None, name: str | None = None,
-                                   queue: str | None = None, limit: int = 50) -> list[store.Execution]:
-        return await self.db.arun(store.list_executions(status=status, name=name, queue=queue, limit=limit))
+                                   queue: str | None = None, tags: dict[str, str] | None = None,
+                                   limit: int = 50) -> list[store.Execution]:
+        return await self.db.arun(self._list_call(status, name, queue, tags, limit))
+
+    def _list_call(self, status: str | None, name: str | None, queue: str | None, tags: dict[str, str] | None,
+                   limit: int) -> store.Call[list[store.Execution]]:
+        wanted = enqueue.tags_text(tags)
+        if wanted is not None:
+            return store.list_executions_by_tags(tags=wanted, status=status, name=name, queue=queue, limit=limit)
+        return store.list_executions(status=status, name=name, queue=queue, limit=limit)
 
     def cancel(self, workflow_id: str) -> bool:
         """Cancel an enqueued or running execution. A running one stops at its next step."""
@@ -437,6 +470,23 @@ class App:
 
     async def events_async(self, workflow_id: str) -> list[store.Event]:
         return self._decoded_events(await self.db.arun(store.list_events(workflow_id)))
+
+    def read_stream(self, workflow_id: str, key: str) -> Iterator[Any]:
+        """The values workflow ``workflow_id`` writes to its stream ``key`` (``pgdurable.write_stream``), in
+        order, as they are written (woken by NOTIFY); the iteration ends when the stream is closed or the
+        workflow ends. From outside workflows."""
+        return streams.read_stream(self.runtime, workflow_id, key)
+
+    def read_stream_async(self, workflow_id: str, key: str) -> AsyncIterator[Any]:
+        """``read_stream`` as an async iterator: ``async for value in app.read_stream_async(id, key)``."""
+        return streams.read_stream_async(self.runtime, workflow_id, key)
+
+    def streams(self, workflow_id: str) -> list[store.Stream]:
+        """The workflow's streams: each key, its number of values, and whether it is closed."""
+        return self.db.run(store.list_streams(workflow_id))
+
+    async def streams_async(self, workflow_id: str) -> list[store.Stream]:
+        return await self.db.arun(store.list_streams(workflow_id))
 
     def messages(self, workflow_id: str) -> list[store.Message]:
         """Messages sent to the workflow, consumed or not, in the order sent (decoded)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import store
 from .client import WorkflowHandle
-from .enqueue import check_options
+from .enqueue import check_options, tags_text
 from .errors import WorkflowIdConflict
 from .runtime import Runtime
 from .worker import Worker
@@ -43,11 +43,13 @@ class Start:
 
     def __init__(self, runtime: Runtime, local: LocalRuntime, workflow: Workflow[..., Any], args: tuple[Any, ...],
                  kwargs: dict[str, Any], *, workflow_id: str | None, priority: int | None,
-                 max_recoveries: int | None, timeout_seconds: float | None) -> None:
+                 max_recoveries: int | None, timeout_seconds: float | None,
+                 tags: dict[str, str] | None = None) -> None:
         definition = runtime.registry.resolve(workflow)
         assert definition is not None
         check_options(workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
                       timeout_seconds=timeout_seconds)
+        tags_json = tags_text(tags)
         input_text = definition.encode_arguments(runtime.serializer, args, kwargs)
         self.runtime, self.local, self.definition = runtime, local, definition
         self.trace = runtime.trace()
@@ -57,7 +59,7 @@ class Start:
             max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
             owner=local.worker.id, lease=runtime.settings.lease_seconds,
             timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
-            version=runtime.version, trace=self.trace)
+            version=runtime.version, trace=self.trace, tags=tags_json)
 
     def claimed(self, row: tuple[Any, ...] | None) -> store.Claimed | None:
         """The execution to run here, or None (its queue has limits: it was enqueued for a worker)."""

@@ -105,9 +105,8 @@ def resume(name: str) -> CallPlan[bool]:
     found = yield lock_schedule(name)
     if found is None:
         return False
-    now, cron, timezone, _paused = found
     try:
-        next_fire_at = CronSchedule(cron, timezone).next_after(now)
+        next_fire_at = CronSchedule(found.cron, found.timezone).next_after(found.now)
     except ValueError as exc:
         raise ValueError(f"schedule {name!r} cannot be resumed: {exc}; redefine it") from None
     resumed: bool = yield resume_schedule(name, next_fire_at)

@@ -121,6 +121,13 @@ class Execution:
     app_version: str | None = None
     dedup_key: str | None = None
     concurrency_key: str | None = None
+    # The execution's tags, as a dict (stored as a JSON object; read as its text, decoded here).
+    tags: dict[str, str] | None = None
+    debounce_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tags, str):
+            object.__setattr__(self, "tags", json.loads(self.tags))
 
     @property
     def error_info(self) -> dict[str, Any] | None:
@@ -211,7 +218,7 @@ def _pairs(rows: Rows) -> dict[str, Any]:
     return {row[0]: row[1] for row in rows}
 
 
-def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
+def _tuples(rows: Rows) -> list[tuple[Any, ...]]:
     return rows
 
 
@@ -219,10 +226,15 @@ def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
 
 def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
             delay: float, timeout: float | None = None, dedup_key: str | None = None,
-            concurrency_key: str | None = None, trace: str | None = None) -> Call[Enqueued | None]:
+            concurrency_key: str | None = None, trace: str | None = None, tags: str | None = None,
+            debounce: tuple[str, float, float | None] | None = None) -> Call[Enqueued | None]:
+    """``tags``: a JSON object's text; ``debounce``: (key, seconds, max seconds), see limits.debounce."""
+    debounce_key, debounce_seconds, debounce_max_seconds = debounce or (None, None, None)
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                             "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                            "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace},
+                            "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace,
+                            "tags": tags, "debounce_key": debounce_key, "debounce_seconds": debounce_seconds,
+                            "debounce_max_seconds": debounce_max_seconds},
                 _first, row_factory=class_row(Enqueued))
 
 
@@ -237,11 +249,12 @@ def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str
 
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
-                 delay: float, timeout: float | None = None, trace: str | None = None) -> Call[set[str]]:
-    """``rows``: a JSON array of {"id": ..., "input": ...} objects (the rows of insert_executions_v1)."""
+                 delay: float, timeout: float | None = None, trace: str | None = None,
+                 tags: str | None = None) -> Call[set[str]]:
+    """``rows``: a JSON array of {"id": ..., "input": ...} objects (the rows of insert_executions_v2)."""
     return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                                 "trace": trace},
+                                 "trace": trace, "tags": tags},
                 lambda found: {row[0] for row in found})
 
 
@@ -251,10 +264,10 @@ def names_of(ids: list[str]) -> Call[dict[str, Any]]:
 
 def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
                 owner: str, lease: float, timeout: float | None, version: str,
-                trace: str | None = None) -> Call[tuple[Any, ...] | None]:
+                trace: str | None = None, tags: str | None = None) -> Call[tuple[Any, ...] | None]:
     return Call("start_owned", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                                 "max_recoveries": max_recoveries, "owner": owner, "lease": lease,
-                                "timeout": timeout, "version": version, "trace": trace},
+                                "timeout": timeout, "version": version, "trace": trace, "tags": tags},
                 lambda rows: rows[0] if rows else None)
 
 
@@ -322,12 +335,27 @@ def release(*, owner: str, ids: list[str]) -> Call[list[Any]]:
     return Call("release", {"owner": owner, "ids": ids}, _first_column)
 
 
-def sweep_expired() -> Call[list[tuple[Any, ...]]]:
-    return Call("sweep_expired", {}, _dicts)
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """An execution whose lease expired: re-enqueued, or failed once out of recoveries."""
+
+    id: str
+    status: str
+    recoveries: int
 
 
-def fail_unrunnable(grace: float) -> Call[list[tuple[Any, ...]]]:
-    return Call("fail_unrunnable", {"grace": grace}, _dicts)
+@dataclass(frozen=True, slots=True)
+class Named:
+    id: str
+    name: str
+
+
+def sweep_expired() -> Call[list[Swept]]:
+    return Call("sweep_expired", {}, _all, row_factory=class_row(Swept))
+
+
+def fail_unrunnable(grace: float) -> Call[list[Named]]:
+    return Call("fail_unrunnable", {"grace": grace}, _all, row_factory=class_row(Named))
 
 
 def get_execution(id: str) -> Call[Execution | None]:
@@ -342,6 +370,19 @@ def list_executions(*, status: str | None, name: str | None, queue: str | None,
                     limit: int) -> Call[list[Execution]]:
     return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},
                 _all, row_factory=class_row(Execution))
+
+
+def list_executions_by_tags(*, tags: str, status: str | None, name: str | None, queue: str | None,
+                            limit: int) -> Call[list[Execution]]:
+    """``tags``: a JSON object's text; executions whose tags contain it."""
+    return Call("list_executions_by_tags", {"tags": tags, "status": status, "name": name, "queue": queue,
+                                            "limit": limit}, _all, row_factory=class_row(Execution))
+
+
+def set_tags(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime,
+             tags: str) -> Call[bool]:
+    return Call("set_tags", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
+                             "started_at": started_at, "tags": tags}, lambda rows: bool(rows[0][0]))
 
 
 def list_steps(id: str) -> Call[list[Step]]:
@@ -392,11 +433,11 @@ def prune_workers() -> Call[None]:
 
 
 def list_workers() -> Call[list[tuple[Any, ...]]]:
-    return Call("list_workers", {}, _dicts)
+    return Call("list_workers", {}, _tuples)
 
 
 def list_unrunnable(limit: int) -> Call[list[tuple[Any, ...]]]:
-    return Call("list_unrunnable", {"limit": limit}, _dicts)
+    return Call("list_unrunnable", {"limit": limit}, _tuples)
 
 
 # ---- waits, messages, events, children, deadlines, forks (sql/queries/waits.sql) ------------------------
@@ -447,7 +488,8 @@ def suspend(*, id: str, attempt: int, wake_at: datetime | None, reason: str,
 
 def wake_due() -> Call[tuple[int, datetime | None, datetime]]:
     """(executions enqueued, when the next waiting one is due, the database's clock)."""
-    return Call("wake_due", {}, lambda rows: (int(rows[0][0]), rows[0][1], rows[0][2]))
+    return Call("wake_due", {}, lambda rows: (int(rows[0]["woken"]), rows[0]["next_due"], rows[0]["now"]),
+                row_factory=dict_row)
 
 
 def expire_deadlines() -> Call[list[Any]]:
@@ -458,7 +500,8 @@ def receive(*, id: str, attempt: int, topic: str, step_id: int, step_name: str,
             started_at: datetime) -> Call[Received]:
     return Call("receive", {"id": id, "attempt": attempt, "topic": topic, "step_id": step_id,
                             "step_name": step_name, "started_at": started_at},
-                lambda rows: Received(bool(rows[0][0]), rows[0][1], bool(rows[0][2]), rows[0][3]))
+                lambda rows: Received(bool(rows[0]["owned"]), rows[0]["wakeups"], bool(rows[0]["found"]),
+                                      rows[0]["message"]), row_factory=dict_row)
 
 
 def send_message(*, destination: str, message: str, topic: str, key: str | None) -> Call[bool]:
@@ -492,8 +535,8 @@ def list_events(id: str) -> Call[list[Event]]:
 def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,
                   name: str, queue: str, priority: int, input: str, max_recoveries: int, delay: float,
                   timeout: float | None, concurrency_key: str | None = None,
-                  dedup_key: str | None = None,
-                  trace: str | None = None) -> Call[tuple[bool, str | None, str | None]]:
+                  dedup_key: str | None = None, trace: str | None = None,
+                  tags: str | None = None) -> Call[tuple[bool, str | None, str | None]]:
     """Returns (recorded, the name of the workflow the id belongs to, the conflict error recorded if the id
     belongs to another workflow)."""
     if dedup_key is not None:
@@ -502,21 +545,23 @@ def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, st
                                   "step_name": step_name, "started_at": started_at, "id": id, "name": name,
                                   "queue": queue, "priority": priority, "input": input,
                                   "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                                  "concurrency_key": concurrency_key, "trace": trace},
-                lambda rows: (bool(rows[0][0]), rows[0][2], rows[0][3]))
+                                  "concurrency_key": concurrency_key, "trace": trace, "tags": tags},
+                lambda rows: (bool(rows[0]["recorded"]), rows[0]["name"], rows[0]["conflict"]),
+                row_factory=dict_row)
 
 
 def awaited_status(*, id: str, attempt: int, ids: list[str]) -> Call[tuple[int | None, list[Awaited]]]:
     """(the waiter's wake-up count, the outcomes); a count of None means the waiter lost its execution."""
-    def read(rows: Rows) -> tuple[int | None, list[Awaited]]:
+    def read(rows: list[dict[str, Any]]) -> tuple[int | None, list[Awaited]]:
         if not rows:
             return None, []
-        return rows[0][0], [Awaited(row[1], row[2], row[3], row[4], bool(row[5])) for row in rows]
-    return Call("awaited_status", {"id": id, "attempt": attempt, "ids": ids}, read)
+        return rows[0]["wakeups"], [Awaited(row["id"], row["status"], row["output"], row["error"],
+                                            bool(row["is_child"])) for row in rows]
+    return Call("awaited_status", {"id": id, "attempt": attempt, "ids": ids}, read, row_factory=dict_row)
 
 
 def list_children(id: str) -> Call[list[tuple[Any, ...]]]:
-    return Call("list_children", {"id": id}, _dicts)
+    return Call("list_children", {"id": id}, _tuples)
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,14 +573,28 @@ class Forked:
     recorded_steps: int
 
 
+def _first_row(rows: list[T]) -> T:
+    return rows[0]
+
+
 def fork(*, source: str, id: str, from_step: int) -> Call[Forked]:
     return Call("fork", {"source": source, "id": id, "from_step": from_step},
-                lambda rows: Forked(rows[0][0], rows[0][1], int(rows[0][2]), bool(rows[0][3]), int(rows[0][4])))
+                _first_row, row_factory=class_row(Forked))
 
 
-def queue_depths() -> Call[list[tuple[Any, ...]]]:
-    """(queue, status, count, seconds the oldest available enqueued one has waited) for unfinished ones."""
-    return Call("queue_depths", {}, _dicts)
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """Unfinished executions of one queue in one status; for 'enqueued', how long the oldest available one
+    has waited."""
+
+    queue: str
+    status: str
+    count: int
+    oldest_seconds: float | None
+
+
+def queue_depths() -> Call[list[QueueDepth]]:
+    return Call("queue_depths", {}, _all, row_factory=class_row(QueueDepth))
 
 
 def trace_contexts(ids: list[str]) -> Call[dict[str, Any]]:
@@ -549,3 +608,50 @@ def try_leadership(schema: str) -> Call[bool]:
 
 def holds_leadership(schema: str) -> Call[bool]:
     return Call("holds_leadership", {"schema": schema}, lambda rows: bool(rows[0][0]))
+
+
+# ---- streams (sql/queries/waits.sql) ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class StreamRead:
+    """One look at a stream: its execution had finished (when the values were read), the values after the
+    last one seen (step id, JSON text), and whether the stream's close was among them. exists is False
+    when there is no such execution."""
+
+    exists: bool
+    ended: bool
+    values: list[tuple[int, str]]
+    closed: bool
+
+
+def _stream_read(rows: list[dict[str, Any]]) -> StreamRead:
+    if not rows:
+        return StreamRead(False, True, [], False)
+    values = [(row["step_id"], row["value"]) for row in rows if row["step_id"] is not None and not row["closed"]]
+    return StreamRead(True, bool(rows[0]["ended"]), values, any(row["closed"] for row in rows))
+
+
+def write_stream(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime, key: str,
+                 value: str | None) -> Call[bool]:
+    """A value (JSON text) written to a stream, or its close (``value`` None), recorded as the step."""
+    return Call("write_stream", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
+                                 "started_at": started_at, "key": key, "value": value},
+                lambda rows: bool(rows[0][0]))
+
+
+def read_stream(*, id: str, key: str, after: int, limit: int = 1000) -> Call[StreamRead]:
+    return Call("read_stream", {"id": id, "key": key, "after": after, "limit": limit}, _stream_read,
+                row_factory=dict_row)
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    key: str
+    values: int
+    closed: bool
+    last_at: datetime
+
+
+def list_streams(id: str, limit: int = 1000) -> Call[list[Stream]]:
+    return Call("list_streams", {"id": id, "limit": limit}, _all, row_factory=class_row(Stream))
+

@@ -59,7 +59,7 @@ ORDER BY name;
 
 -- name: lock_schedule
 -- The database's time and one schedule's timetable, locked until the caller's transaction ends.
-SELECT clock_now(), cron, timezone, paused FROM schedules WHERE name = %(name)s FOR UPDATE;
+SELECT clock_now() AS now, cron, timezone, paused FROM schedules WHERE name = %(name)s FOR UPDATE;
 
 -- name: delete_schedule
 DELETE FROM schedules WHERE name = %(name)s RETURNING name;
@@ -103,7 +103,7 @@ FOR UPDATE OF schedules SKIP LOCKED;
 -- One execution per tick, from one JSON array of [execution_id, schedule_name, tick]. The id is
 -- deterministic ("sched:<name>:<tick>"), so a tick that was already enqueued is not enqueued again.
 SELECT i.id
-FROM insert_executions_v1(
+FROM insert_executions_v2(
     (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'id', r.tick ->> 0, 'name', s.workflow_name, 'queue', s.queue, 'priority', s.priority,
                 'input', CASE WHEN s.pass_scheduled_at THEN s.args || jsonb_build_object('scheduled_at', r.tick ->> 2)
@@ -117,7 +117,7 @@ FROM insert_executions_v1(
 -- [execution_id, schedule_name, tick]: those whose id is held by an execution that no firing of this tick
 -- created, because it runs another workflow or was created before the tick was due (a firing enqueues a
 -- tick at or after its time, by the database's clock). Such a row suppresses the tick.
-SELECT r.tick ->> 1, e.id, e.name, e.created_at
+SELECT r.tick ->> 1 AS schedule_name, e.id AS execution_id, e.name AS workflow_name, e.created_at
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r (tick)
 JOIN schedules s ON s.name = r.tick ->> 1
 JOIN workflow_executions e ON e.id = r.tick ->> 0
