@@ -18,6 +18,7 @@ def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
     return [
         (store.enqueue(id="rows-1", name="w", queue="default", priority=0, input="{}", max_recoveries=5,
                        delay=0.0), store.Enqueued),
+        (store.fork(source="nobody", id="rows-fork", from_step=0), store.Forked),
         (store.find_duplicate(queue="default", dedup_key="k"), store.Enqueued),
         (store.claim(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"), store.Claimed),
         (store.claim_with_policy(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"),
@@ -58,7 +59,6 @@ def _dict_calls() -> list[tuple[store.Call[Any], set[str]]]:
          {"owned", "wakeups", "found", "message"}),
         (store.awaited_status(id="rows-1", attempt=1, ids=["rows-1"]),
          {"wakeups", "id", "status", "output", "error", "is_child"}),
-        (store.fork(source="nobody", id="rows-fork", from_step=0), {"id", "name", "copied"}),
         (monitoring.queues(), {"queue", "ready", "delayed", "running", "stale", "oldest_ready_seconds",
                                "live_workers", "waiting", "overdue", *monitoring.WAIT_KINDS}),
         (monitoring.outcomes(), {"ago", "status", "n"}),
