@@ -40,22 +40,23 @@ def explain(exc: BaseException, conninfo: str | None = None) -> ConnectionProble
     """What went wrong connecting with ``conninfo``, in one line naming the server."""
     text = str(exc)
     where, why = _server(text, conninfo)
+    at = f" at {where}" if where else ""
     state = getattr(exc, "sqlstate", None) or ""
     missing = _MISSING_DATABASE.search(text)
     if state == "3D000" or missing:
         name = missing.group("name") if missing else _param(conninfo, "dbname") or "?"
         create = _createdb(conninfo, name, where)
         return ConnectionProblem("missing_database", redact(
-            f'database "{name}" does not exist on the server at {where}: create it ({create}, or '
+            f'database "{name}" does not exist on the server{at}: create it ({create}, or '
             f'CREATE DATABASE "{name}" in psql), or fix the database name in the URL', conninfo))
     lowered = text.lower()
     if state.startswith("28") or any(hint.lower() in lowered for hint in _CREDENTIALS):
         return ConnectionProblem("credentials", redact(
-            f"the server at {where} refused these credentials: {why or describe(exc)}", conninfo))
+            f"the server{at} refused these credentials: {why or describe(exc)}", conninfo))
     if isinstance(exc, psycopg.OperationalError) and any(hint in lowered for hint in _UNREACHABLE):
         return ConnectionProblem("unreachable", redact(
-            f"cannot reach a PostgreSQL server at {where}: {why or describe(exc)}", conninfo))
-    return ConnectionProblem("other", redact(f"{describe(exc)} (server at {where})", conninfo))
+            f"cannot reach a PostgreSQL server{at}: {why or describe(exc)}", conninfo))
+    return ConnectionProblem("other", redact(f"{describe(exc)}{f' (server{at})' if where else ''}", conninfo))
 
 
 def _server(text: str, conninfo: str | None) -> tuple[str, str]:
@@ -68,10 +69,12 @@ def _server(text: str, conninfo: str | None) -> tuple[str, str]:
         if "socket" in last.groupdict():
             return f"socket {last.group('socket')}", why
         return f"{last.group('host')}:{last.group('port')}", why
-    host = _param(conninfo, "host") or "localhost"
-    port = _param(conninfo, "port") or "5432"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     why = lines[0] if lines else ""
+    if conninfo is None:
+        return "", why  # neither the message nor a URL names it
+    host = _param(conninfo, "host") or "localhost"
+    port = _param(conninfo, "port") or "5432"
     if host.startswith("/"):
         return f"socket directory {host}", why
     return f"{host}:{port}", why
@@ -89,7 +92,7 @@ def _param(conninfo: str | None, key: str) -> str | None:
 
 def _createdb(conninfo: str | None, name: str, where: str) -> str:
     """The createdb command for the server at ``where`` (host:port, as the message or URL names it)."""
-    host, _, port = where.rpartition(":") if not where.startswith("socket") else ("", "", "")
+    host, _, port = where.rpartition(":") if where and not where.startswith("socket") else ("", "", "")
     parts = ["createdb"]
     for flag, value in (("-h", _param(conninfo, "host") or host), ("-p", _param(conninfo, "port") or port),
                         ("-U", _param(conninfo, "user"))):
