@@ -392,6 +392,20 @@ class App:
         """The application version this app's workers stamp on the executions they start."""
         return self.runtime.version
 
+    def versions(self) -> list[store.AppVersion]:
+        """Every application version with unfinished executions or live workers: its unfinished executions
+        by status (``parked``: waiting for a worker whose code replays their history, apart from
+        ``waiting``) and its live workers."""
+        return self.db.run(store.app_versions())
+
+    def migrate_version(self, old: str, new: str) -> int:
+        """Move the unfinished executions of version ``old`` to version ``new`` (its workers resume them) and
+        re-enqueue the parked ones; returns how many moved. For when the new code replays the old histories
+        (a ``patched()`` change) or when no worker of ``old`` will ever run again."""
+        if not old or not new or old == new:
+            raise ValueError(f"migrate_version needs two different, non-empty versions (got {old!r} and {new!r})")
+        return self.db.run(store.migrate_app_version(old=old, new=new))
+
     def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
                 batch_size: int = 1000) -> int:
         """Delete finished executions (and their steps) created and finished more than ``older_than`` ago

@@ -94,7 +94,8 @@ CREATE TABLE workflow_executions (
     -- whichever is earlier). Past it the execution fails with pgdurable.WorkflowTimeout.
     timeout_seconds double precision,
     deadline        timestamptz,
-    -- The application version that started the execution; only workers of that version resume it.
+    -- The application version that ran the execution last; workers of that version resume it, and so does a
+    -- worker of another version that adopts (once no worker of this version is live, claim_with_policy_v2).
     app_version     text,
     -- Executions sharing a key are limited together by their queue's key_concurrency.
     concurrency_key text        CHECK (length(concurrency_key) BETWEEN 1 AND 200),
@@ -103,6 +104,9 @@ CREATE TABLE workflow_executions (
     dedup_key       text        CHECK (length(dedup_key) BETWEEN 1 AND 200),
     -- The W3C trace context (traceparent, as a JSON object) of the code that enqueued it (tracing.py).
     trace_context   jsonb,
+    -- Why a parked execution (status 'waiting', wait_reason 'parked') waits: its recorded history does not
+    -- replay on the code of the worker that claimed it (see "Versions and deploys" in docs/primitives.md).
+    parked_reason   text,
     CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)),
     CONSTRAINT workflow_executions_status_check
         CHECK (status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -263,28 +267,36 @@ CREATE TABLE workers (
     concurrency     integer     NOT NULL,
     started_at      timestamptz NOT NULL DEFAULT now(),
     heartbeat_at    timestamptz NOT NULL DEFAULT now(),
-    app_version     text
+    app_version     text,
+    -- How long a version must have no live worker before this worker adopts its executions (NULL: it
+    -- never does: strict, per-version mode).
+    adopt_after_seconds double precision
 );
 
--- Enqueued executions that no live worker can run: nobody serves their queue, the workers that serve it
--- do not know the workflow's name, or none of them runs the application version that started it.
+-- Executions that no live worker will run: enqueued ones that nobody serves, whose workflow the workers
+-- of their queue do not know, or whose application version no live worker runs nor adopts; and parked
+-- ones (their history does not replay on the code that claimed them).
 CREATE VIEW unrunnable_executions AS
 SELECT e.id, e.name, e.queue, e.created_at,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM workers w
+       CASE WHEN e.status = 'waiting'
+            THEN 'parked: ' || coalesce(e.parked_reason, 'its history does not replay on the code that claimed it')
+            WHEN NOT EXISTS (SELECT 1 FROM workers w
                              WHERE e.queue = ANY (w.queues) AND w.heartbeat_at > now() - interval '2 minutes')
             THEN 'no live worker serves queue ' || e.queue
             WHEN NOT EXISTS (SELECT 1 FROM workers w
                              WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
                                AND w.heartbeat_at > now() - interval '2 minutes')
             THEN 'no live worker on queue ' || e.queue || ' knows workflow ' || e.name
-            ELSE 'no live worker runs application version ' || e.app_version
+            ELSE 'no live worker runs application version ' || e.app_version || ' or adopts other versions'
        END AS reason
 FROM workflow_executions e
-WHERE e.status = 'enqueued'
-  AND NOT EXISTS (SELECT 1 FROM workers w
-                  WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
-                    AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version)
-                    AND w.heartbeat_at > now() - interval '2 minutes');
+WHERE (e.status = 'enqueued'
+       AND NOT EXISTS (SELECT 1 FROM workers w
+                       WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
+                         AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version
+                              OR w.adopt_after_seconds IS NOT NULL)
+                         AND w.heartbeat_at > now() - interval '2 minutes'))
+   OR (e.status = 'waiting' AND e.wait_reason = 'parked' AND e.available_at IS NULL);
 
 -- == Schedules =========================================================================================
 
@@ -914,6 +926,180 @@ BEGIN
 END;
 $$;
 
+-- The policy claim of workers of version 15 on: as claim_with_policy, plus adopt_after (seconds, NULL:
+-- never) lets it take executions of versions with no live worker, and previous_version says which version
+-- each claimed execution had. claim_with_policy stays for the older workers of a rolling deploy.
+CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,
+                                     max_claims integer, version text, adopt_after double precision)
+RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean,
+               previous_version text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    policy queues%ROWTYPE;
+    run_slots integer[];
+    rate_slots integer[];
+    wanted integer := max_claims;
+    chosen text[] := '{}';
+    chosen_versions text[] := '{}';
+    chosen_keys text[] := '{}';
+    candidate record;
+    running_for_key integer;
+    scanned integer := 0;
+BEGIN
+    SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
+    IF policy.concurrency IS NOT NULL THEN
+        SELECT array_agg(s.slot) INTO run_slots FROM (
+            SELECT s.slot FROM queue_slots s
+            LEFT JOIN workflow_executions e ON e.id = s.holder_id
+            WHERE s.queue = queue_name AND s.kind = 'run'
+              AND (s.holder_id IS NULL OR e.id IS NULL OR e.status <> 'running' OR e.attempt <> s.holder_attempt)
+            ORDER BY s.slot
+            LIMIT wanted
+            FOR UPDATE OF s SKIP LOCKED) s;
+        wanted := least(wanted, coalesce(cardinality(run_slots), 0));
+    END IF;
+    IF policy.rate_limit IS NOT NULL AND wanted > 0 THEN
+        SELECT array_agg(s.slot) INTO rate_slots FROM (
+            SELECT s.slot FROM queue_slots s
+            WHERE s.queue = queue_name AND s.kind = 'rate'
+              AND (s.used_at IS NULL
+                   OR s.used_at <= now() - make_interval(secs => least(policy.rate_period_seconds, 315360000)))
+            ORDER BY s.slot
+            LIMIT wanted
+            FOR UPDATE OF s SKIP LOCKED) s;
+        wanted := least(wanted, coalesce(cardinality(rate_slots), 0));
+    END IF;
+    IF wanted <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- Walk the queue in claim order (see claim_with_policy). Versions with a live worker are left to it.
+    FOR candidate IN
+        SELECT e.id, e.concurrency_key, e.app_version FROM workflow_executions e
+        WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
+          AND e.available_at <= now()
+          AND (e.app_version IS NULL OR e.app_version = version
+               OR (adopt_after IS NOT NULL
+                   AND e.app_version NOT IN (SELECT w.app_version FROM workers w
+                                             WHERE w.app_version IS NOT NULL
+                                               AND w.heartbeat_at > now() - make_interval(secs => adopt_after))))
+        ORDER BY e.priority, e.seq
+        FOR UPDATE OF e SKIP LOCKED
+    LOOP
+        scanned := scanned + 1;
+        EXIT WHEN scanned > 1000;
+        IF candidate.concurrency_key IS NOT NULL AND policy.key_concurrency IS NOT NULL THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(queue_name || ':' || candidate.concurrency_key, 7231));
+            SELECT count(*) INTO running_for_key FROM workflow_executions e
+            WHERE e.queue = queue_name AND e.concurrency_key = candidate.concurrency_key AND e.status = 'running';
+            running_for_key := running_for_key
+                + (SELECT count(*) FROM unnest(chosen_keys) k WHERE k = candidate.concurrency_key);
+            CONTINUE WHEN running_for_key >= policy.key_concurrency;
+            chosen_keys := chosen_keys || candidate.concurrency_key;
+        END IF;
+        chosen := chosen || candidate.id;
+        chosen_versions := chosen_versions || candidate.app_version;
+        EXIT WHEN cardinality(chosen) >= wanted;
+    END LOOP;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE workflow_executions e
+        SET status = 'running',
+            owner_id = owner,
+            lease_expires = now() + make_interval(secs => lease),
+            attempt = e.attempt + 1,
+            started_at = coalesce(e.started_at, clock_timestamp()),
+            updated_at = now(),
+            app_version = version,
+            deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
+                            THEN least(coalesce(e.deadline, 'infinity'),
+                                       now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                            ELSE e.deadline END
+        WHERE e.id = ANY (chosen)
+        RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
+    ), numbered AS (
+        SELECT c.*, row_number() OVER (ORDER BY c.priority, c.seq) AS n FROM claimed c
+    ), held AS (
+        UPDATE queue_slots s
+        SET holder_id = numbered.id, holder_attempt = numbered.attempt
+        FROM numbered
+        WHERE s.queue = queue_name AND s.kind = 'run' AND s.slot = run_slots[numbered.n]
+    ), used AS (
+        UPDATE queue_slots s
+        SET used_at = clock_timestamp()
+        FROM numbered
+        WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
+    )
+    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, now(),
+           numbered.attempt > 1 OR numbered.forked_from IS NOT NULL,
+           chosen_versions[array_position(chosen, numbered.id)]
+    FROM numbered;
+END;
+$$;
+
+-- == Versions ==========================================================================================
+
+-- Every application version with unfinished executions or a live worker: its unfinished executions by
+-- status (parked ones apart from the other waiting ones) and its live workers.
+CREATE FUNCTION app_versions()
+RETURNS TABLE (app_version text, enqueued bigint, waiting bigint, running bigint, parked bigint,
+               live_workers bigint)
+LANGUAGE sql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+    WITH unfinished AS (
+        SELECT e.app_version,
+               count(*) FILTER (WHERE e.status = 'enqueued') AS enqueued,
+               count(*) FILTER (WHERE e.status = 'waiting' AND e.wait_reason IS DISTINCT FROM 'parked') AS waiting,
+               count(*) FILTER (WHERE e.status = 'running') AS running,
+               count(*) FILTER (WHERE e.status = 'waiting' AND e.wait_reason = 'parked') AS parked
+        FROM workflow_executions e
+        WHERE e.status IN ('enqueued', 'waiting', 'running') AND e.app_version IS NOT NULL
+        GROUP BY e.app_version
+    ), live AS (
+        SELECT w.app_version, count(*) AS live_workers
+        FROM workers w
+        WHERE w.app_version IS NOT NULL AND w.heartbeat_at > now() - interval '2 minutes'
+        GROUP BY w.app_version
+    )
+    SELECT coalesce(u.app_version, l.app_version), coalesce(u.enqueued, 0), coalesce(u.waiting, 0),
+           coalesce(u.running, 0), coalesce(u.parked, 0), coalesce(l.live_workers, 0)
+    FROM unfinished u FULL JOIN live l ON l.app_version = u.app_version
+    ORDER BY 1;
+$$;
+
+-- Move the unfinished executions of version old_version to new_version (the workers of new_version resume
+-- them), re-enqueueing the parked ones. Running ones keep their owner until that attempt ends: they move
+-- too, and the next claim is new_version's. Returns how many executions moved.
+CREATE FUNCTION migrate_app_version(old_version text, new_version text) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    moved bigint;
+BEGIN
+    IF old_version IS NULL OR new_version IS NULL OR new_version = '' THEN
+        RAISE EXCEPTION 'migrate_app_version: both versions must be given (got % and %)', old_version, new_version
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE workflow_executions e
+    SET app_version = new_version,
+        status = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN 'enqueued' ELSE e.status END,
+        available_at = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN now() ELSE e.available_at END,
+        parked_reason = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN NULL ELSE e.parked_reason END,
+        wait_reason = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN NULL ELSE e.wait_reason END,
+        updated_at = now()
+    WHERE e.app_version = old_version AND e.status IN ('enqueued', 'waiting', 'running');
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+
 -- == Roles and grants ==================================================================================
 -- Least privilege: an application role may only enqueue, read status, cancel, send messages and read
 -- events through the SQL API functions (no table access); a worker role runs workflows and is trusted with
@@ -1021,6 +1207,8 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        checkpoint_step(text, integer, integer, text, jsonb, jsonb, integer, timestamptz),
                        set_queue_policy(text, integer, integer, integer, double precision, integer),
                        claim_with_policy(text, text[], text, double precision, integer, text),
+                       claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
+                       app_versions(), migrate_app_version(text, text),
                        clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()

@@ -1,8 +1,8 @@
 -- Named queries on the worker registry.
 
 -- name: register_worker
-INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency, app_version)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s, %(version)s)
+INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency, app_version, adopt_after_seconds)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s, %(version)s, %(adopt)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
 
 -- name: worker_heartbeat
