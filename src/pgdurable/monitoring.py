@@ -24,7 +24,9 @@ MAX_STEPS = 2000
 MAX_CHILDREN, MAX_MESSAGES, MAX_EVENTS = 100, 100, 200
 COUNT_CAP = 10_000
 # What a waiting execution waits for, by its wait_reason ('recv:<topic>': a message), in a few words.
-WAIT_KINDS = {"delay": "delayed", "sleep": "sleeping", "recv": "receiving", "children": "on children"}
+# 'parked': its history does not replay on the code that claimed it (see "Versions and deploys").
+WAIT_KINDS = {"delay": "delayed", "sleep": "sleeping", "recv": "receiving", "children": "on children",
+              "parked": "parked"}
 
 
 @dataclass(frozen=True, slots=True)
