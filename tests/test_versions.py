@@ -17,6 +17,7 @@ from psycopg import sql
 from typer.testing import CliRunner
 
 import pgdurable
+from pgdurable import monitoring
 from pgdurable.cli import cli
 from pgdurable.sqlfiles import query
 from tests.harness import WAIT, execution, wait_for
@@ -137,6 +138,8 @@ def test_a_history_that_does_not_replay_is_parked_with_nothing_written(
     # Visible: unrunnable_executions, pgdurable versions, App.versions, workflows show.
     reason = _query(v2, "SELECT reason FROM unrunnable_executions WHERE id = 'diverged'")
     assert reason and reason[0][0].startswith("parked: ") and "'charge'" in reason[0][0]
+    assert [u.id for u in v2.db.run(monitoring.unrunnable())] == ["diverged"]  # the dashboard's list
+    assert {q.queue: q.waiting_for for q in v2.db.run(monitoring.queues())}["default"] == {"parked": 1}
     counts = {v.app_version: v for v in v2.versions()}
     assert counts["v1"].parked == 1 and counts["v1"].waiting == 0 and counts["v1"].live_workers == 0
     assert counts["v2"].live_workers == 1
@@ -210,8 +213,8 @@ def test_versions_migrate_moves_and_unparks(make_app: Callable[..., pgdurable.Ap
     v3, calls = make_app(app_version="v3", adopt_after_seconds=None), list[str]()
     _define(v3, calls)
     start_worker(v3)
-    with pytest.raises(ValueError, match="two different"):
-        v3.migrate_version("v1", "v1")
+    with pytest.raises(ValueError, match="two non-empty"):
+        v3.migrate_version("v1", "")
     moved = CliRunner().invoke(cli, ["versions", "migrate", "v1", "v3", "--json", "--database-url", database_url,
                                      "--schema", v3.schema])
     assert moved.exit_code == 0, moved.output
@@ -294,3 +297,32 @@ def test_the_claim_stays_an_index_walk_with_adoption(app: pgdurable.App, db: psy
     with db.transaction(force_rollback=True):  # v0 and v2 are adoptable, v1 has a live worker
         claimed = db.execute(sql.SQL(query("claim")), params).fetchall()  # type: ignore[arg-type]
         assert len(claimed) == 10 and all(previous in ("v0", "v2") for *_, previous in claimed)
+
+
+def test_under_a_pinned_version_migrating_to_itself_unparks(
+        make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any]) -> None:
+    old = make_app(app_version="stable")
+    _define(old, [])
+    runner = start_worker(old)
+    old.enqueue("order", 1, workflow_id="pinned")
+    wait_for(lambda: execution(old, "pinned").status == "waiting", WAIT, "it to wait for its message")
+    runner.stop()
+    old.send("pinned", "m")
+    broken = make_app(app_version="stable")  # the same pinned version, with a change that was not guarded
+
+    @broken.workflow(name="order")
+    def order_broken(order: int) -> str:
+        pgdurable.sleep(0)
+        return "broken"
+
+    broken_worker = start_worker(broken)
+    wait_for(lambda: execution(broken, "pinned").wait_reason == "parked", WAIT, "it to be parked")
+    broken_worker.stop()
+    assert execution(broken, "pinned").app_version == "stable"
+    assert broken.migrate_version("stable", "stable") == 1  # re-enqueues the parked only
+    assert execution(broken, "pinned").status == "enqueued"
+    assert broken.migrate_version("stable", "stable") == 0
+    fixed, calls = make_app(app_version="stable"), list[str]()
+    _define(fixed, calls)
+    start_worker(fixed)
+    assert fixed.handle("pinned").result(timeout=WAIT) == ["reserved 1", "m", "shipped 1"]

@@ -401,9 +401,10 @@ class App:
     def migrate_version(self, old: str, new: str) -> int:
         """Move the unfinished executions of version ``old`` to version ``new`` (its workers resume them) and
         re-enqueue the parked ones; returns how many moved. For when the new code replays the old histories
-        (a ``patched()`` change) or when no worker of ``old`` will ever run again."""
-        if not old or not new or old == new:
-            raise ValueError(f"migrate_version needs two different, non-empty versions (got {old!r} and {new!r})")
+        (a ``patched()`` change) or when no worker of ``old`` will ever run again. With ``old == new``, only
+        re-enqueue that version's parked executions (a fix deployed under a pinned version)."""
+        if not old or not new:
+            raise ValueError(f"migrate_version needs two non-empty versions (got {old!r} and {new!r})")
         return self.db.run(store.migrate_app_version(old=old, new=new))
 
     def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,

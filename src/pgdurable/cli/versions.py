@@ -41,7 +41,7 @@ def versions(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schem
 def migrate(old: str, new: str, database_url: DatabaseUrl = None, schema: Schema = None,
             as_json: AsJson = False) -> None:
     """Move the unfinished executions of version OLD to version NEW (NEW's workers resume them), re-enqueueing
-    the parked ones. Exit code 1 when OLD has none.
+    the parked ones (OLD = NEW: only re-enqueue the parked ones). Exit code 1 when nothing changed.
 
     Example: pgdurable versions migrate 3f2a9c0e1b7d release-8
     """

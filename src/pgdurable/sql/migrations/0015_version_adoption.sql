@@ -191,7 +191,8 @@ $$;
 
 -- Move the unfinished executions of version old_version to new_version (the workers of new_version resume
 -- them), re-enqueueing the parked ones. Running ones keep their owner until that attempt ends: they move
--- too, and the next claim is new_version's. Returns how many executions moved.
+-- too, and the next claim is new_version's. With old_version = new_version, only re-enqueue its parked
+-- ones (after a fix deployed under the same, pinned, version). Returns how many executions changed.
 CREATE FUNCTION migrate_app_version(old_version text, new_version text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -210,7 +211,8 @@ BEGIN
         parked_reason = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN NULL ELSE e.parked_reason END,
         wait_reason = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN NULL ELSE e.wait_reason END,
         updated_at = now()
-    WHERE e.app_version = old_version AND e.status IN ('enqueued', 'waiting', 'running');
+    WHERE e.app_version = old_version AND e.status IN ('enqueued', 'waiting', 'running')
+      AND (old_version <> new_version OR (e.status = 'waiting' AND e.wait_reason = 'parked'));
     GET DIAGNOSTICS moved = ROW_COUNT;
     RETURN moved;
 END;
