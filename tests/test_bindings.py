@@ -231,13 +231,26 @@ def test_removal_stops_enqueues_and_rebinding_replaces(app: pgdurable.App, db: p
     assert len(_bound(db, "orders")) == 1
 
 
-def test_a_dropped_table_leaves_a_binding_listed_as_missing(app: pgdurable.App, db: psycopg.Connection[Any],
-                                                           shop: str) -> None:
-    db.execute(sql.SQL("CREATE TABLE {}.tmp (id int PRIMARY KEY)").format(sql.Identifier(shop)))
-    app.bind_table(f"{shop}.tmp", "anything", name="tmp")
+def test_a_dropped_table_leaves_a_binding_listed_as_missing_until_restored(
+        app: pgdurable.App, db: psycopg.Connection[Any], database_url: str, schema: str, shop: str) -> None:
+    create = sql.SQL("CREATE TABLE {}.tmp (id int PRIMARY KEY, v text)").format(sql.Identifier(shop))
+    db.execute(create)
+    app.bind_table(f"{shop}.tmp", "anything", name="tmp", on=["insert", "update"], when="NEW.v = 'go'")
     db.execute(sql.SQL("DROP TABLE {}.tmp").format(sql.Identifier(shop)))
     (binding,) = app.bindings()
     assert (binding.name, binding.relation, binding.installed_on) == ("tmp", f"{shop}.tmp", None)
+    assert app.restore_bindings() == []  # the table is not there: nothing to restore
+    db.execute(create)
+    restored = CliRunner().invoke(cli, ["bindings", "restore", "--json", "--database-url", database_url,
+                                        "--schema", schema])
+    assert restored.exit_code == 0, restored.output
+    assert json.loads(restored.output) == {"restored": ["tmp"]}
+    assert app.restore_bindings() == []  # installed again: nothing left to restore
+    (binding,) = app.bindings()
+    assert (binding.installed_on, binding.when_condition, binding.operations) == (
+        f"{shop}.tmp", "NEW.v = 'go'", ["insert", "update"])
+    db.execute(sql.SQL("INSERT INTO {}.tmp VALUES (1, 'go'), (2, 'no')").format(sql.Identifier(shop)))
+    assert [args for _, args in _bound(db, "tmp")] == [{"id": 1, "v": "go"}]
     assert app.unbind_table("tmp") is True and app.bindings() == []
 
 

@@ -480,6 +480,11 @@ class App:
         """Every table binding, with the table its trigger is on now (``installed_on``; None if it is gone)."""
         return self.db.run(bindings.list_bindings())
 
+    def restore_bindings(self) -> list[str]:
+        """Re-create, from their records, the triggers of the bindings whose table exists but whose trigger
+        is gone (the table was dropped and created again); returns their names."""
+        return self.db.run(bindings.restore())
+
     def unbind_table(self, name: str) -> bool:
         """Remove a table binding (its trigger and its record); True if it existed. Executions it already
         enqueued are left alone."""

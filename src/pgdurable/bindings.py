@@ -133,6 +133,10 @@ def list_bindings() -> Call[list[Binding]]:
     return Call("list_table_bindings", {}, list, row_factory=class_row(Binding))
 
 
+def restore() -> Call[list[str]]:
+    return Call("restore_table_bindings", {}, lambda rows: [row[0] for row in rows])
+
+
 def unbind(name: str) -> Call[bool]:
     return Call("unbind_table", {"name": name}, lambda rows: bool(rows[0][0]))
 

@@ -1,4 +1,4 @@
-"""``pgdurable bindings ...``: list and remove table bindings (tables whose row changes enqueue a workflow).
+"""``pgdurable bindings ...``: list, restore and remove table bindings (tables whose row changes enqueue a workflow).
 Bindings are created in code (``app.bind_table``) or in SQL (``bind_table``), where the workflow is known."""
 
 from __future__ import annotations
@@ -32,6 +32,20 @@ def list_bindings(database_url: DatabaseUrl = None, schema: Schema = None, as_js
         table.add_row(b.name, b.installed_on or b.relation, b.workflow_name, ", ".join(b.operations),
                       b.when_condition or "", columns, b.queue, state)
     console.print(table)
+
+
+@bindings_cli.command("restore")
+def restore_bindings(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
+    """Re-create the triggers of bindings whose table exists but whose trigger is gone (a table dropped and
+    created again), from their records."""
+    with open_app(database_url, schema) as app:
+        restored = app.restore_bindings()
+    if as_json:
+        print(json.dumps({"restored": restored}))
+    elif restored:
+        console.print(f"restored: {', '.join(restored)}")
+    else:
+        console.print("nothing to restore")
 
 
 @bindings_cli.command("remove")

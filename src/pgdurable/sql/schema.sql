@@ -1205,9 +1205,28 @@ AS $$
     ORDER BY b.name;
 $$;
 
+-- Re-create the trigger of every binding whose trigger is gone while its table exists (the table was
+-- dropped and created again, or restored without its triggers), from its record. Returns their names.
+CREATE FUNCTION restore_table_bindings() RETURNS SETOF text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    missing record;
+BEGIN
+    FOR missing IN SELECT l.* FROM list_table_bindings() l
+                   WHERE l.installed_on IS NULL AND to_regclass(l.relation) IS NOT NULL
+                   ORDER BY l.name LOOP
+        RETURN NEXT bind_table(missing.relation::regclass, missing.workflow_name, missing.operations,
+                               missing.when_condition, missing.name, missing.columns, missing.pass_old,
+                               missing.queue, missing.priority, missing.max_recoveries, missing.timeout_seconds);
+    END LOOP;
+END;
+$$;
+
 REVOKE ALL ON FUNCTION table_binding_fire(), bind_table(regclass, text, text[], text, text, text[], boolean, text,
                                                         integer, integer, double precision),
-                       unbind_table(text), list_table_bindings()
+                       unbind_table(text), list_table_bindings(), restore_table_bindings()
     FROM PUBLIC;
 
 -- == Roles and grants ==================================================================================

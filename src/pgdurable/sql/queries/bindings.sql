@@ -17,3 +17,6 @@ SELECT * FROM list_table_bindings();
 
 -- name: unbind_table
 SELECT unbind_table(%(name)s);
+
+-- name: restore_table_bindings
+SELECT restore_table_bindings();
