@@ -994,8 +994,13 @@ BEGIN
     IF length(new_id) > 200 THEN
         new_id := format('bind:%s:md5=%s:%s', binding ->> 'name', md5(key_text), change);
     END IF;
-    PERFORM FROM insert_executions_v1(jsonb_build_array(jsonb_build_object('id', new_id, 'input', arguments)),
-                                      binding -> 'common');
+    -- Only the fields a binding sets, whoever created the trigger and with whatever argument.
+    PERFORM FROM insert_executions_v1(
+        jsonb_build_array(jsonb_build_object('id', new_id, 'input', arguments)),
+        jsonb_build_object('name', binding -> 'common' -> 'name', 'queue', binding -> 'common' -> 'queue',
+                           'priority', binding -> 'common' -> 'priority',
+                           'max_recoveries', binding -> 'common' -> 'max_recoveries',
+                           'timeout_seconds', binding -> 'common' -> 'timeout_seconds'));
     IF NOT FOUND THEN
         -- The same change again: the latest row, and (with pass_old) the row as it was before the change.
         UPDATE workflow_executions e
@@ -1053,6 +1058,10 @@ BEGIN
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target;
     IF relation_kind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION 'bind_table: % is not a table', target USING ERRCODE = '42809';
+    END IF;
+    -- pgdurable's own tables: an execution's insert would fire the trigger that inserts it, and so on.
+    IF (SELECT c.relnamespace FROM pg_class c WHERE c.oid = target) = current_schema()::regnamespace THEN
+        RAISE EXCEPTION 'bind_table: % is one of pgdurable''s own tables', target USING ERRCODE = '42809';
     END IF;
     IF workflow_name IS NULL OR length(workflow_name) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'bind_table: workflow_name must be 1 to 200 characters' USING ERRCODE = '22023';
