@@ -464,7 +464,7 @@ $$;
 -- == Creating executions: the one insert path ==========================================================
 
 -- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
--- enqueue_workflow) inserts through insert_executions_v1, so the values derived at creation are decided
+-- enqueue_workflow, a table binding's trigger) inserts through insert_executions_v1, so the values derived at creation are decided
 -- in one place.
 
 -- One execution to create, as insert_executions_v1 reads it from JSON (by field name; absent fields are
