@@ -14,7 +14,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import enqueue, events, limits, plans, primitives, scheduling, store, streams
+from . import bindings, enqueue, events, limits, plans, primitives, scheduling, store, streams
+from .bindings import Binding
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
@@ -493,6 +494,43 @@ class App:
         """Fire a paused schedule again from its first tick after now (ticks missed while paused do not fire);
         True if it exists. ``ValueError`` if its stored expression or time zone is invalid."""
         return scheduling.resume(self.runtime, name)
+
+    # -- table bindings (logic: bindings.py; the trigger: migration 0016) -----------------------------------
+
+    def bind_table(self, table: str, workflow: Workflow[..., Any] | str, *,
+                   on: str | Iterable[str] = ("insert",), when: str | None = None, name: str | None = None,
+                   pass_old: bool | None = None, queue: str | None = None, priority: int | None = None,
+                   max_recoveries: int | None = None, timeout_seconds: float | None = None) -> Binding:
+        """Enqueue ``workflow`` for every change of a row of ``table`` (an insert, update or delete, as
+        ``on`` says) for which ``when`` holds, inside the writing transaction: exactly one execution per
+        change if that transaction commits, none if it rolls back. A trigger does it, so every writer (any
+        language, any role) is covered; the writing role needs no rights on pgdurable's tables.
+
+        The row's columns are the workflow's arguments by name (columns it does not take are left out; a
+        parameter without a default that no column fills is refused now). ``pass_old``: also pass the row
+        before the change as ``old`` (default: whether the workflow has a parameter named ``old``).
+        ``when``: a SQL boolean expression on ``NEW`` and ``OLD``, written by the developer (never from
+        user input), e.g. ``"NEW.status = 'paid'"``. ``name``: the binding's name (default
+        ``"<table>:<workflow>"``); binding the same name again replaces the binding. The table needs a
+        primary key. See docs/table-bound-workflows.md.
+        """
+        return bindings.bind(self.runtime, table, workflow, on=on, when=when, name=name, pass_old=pass_old,
+                             queue=queue, priority=priority, max_recoveries=max_recoveries,
+                             timeout_seconds=timeout_seconds)
+
+    def bindings(self) -> list[Binding]:
+        """Every table binding, with the table its trigger is on now (``installed_on``; None if it is gone)."""
+        return self.db.run(bindings.list_bindings())
+
+    def restore_bindings(self) -> list[str]:
+        """Re-create, from their records, the triggers of the bindings whose table exists but whose trigger
+        is gone (the table was dropped and created again); returns their names."""
+        return self.db.run(bindings.restore())
+
+    def unbind_table(self, name: str) -> bool:
+        """Remove a table binding (its trigger and its record); True if it existed. Executions it already
+        enqueued are left alone."""
+        return self.db.run(bindings.unbind(name))
 
     # -- workers ------------------------------------------------------------------------------------------
 
