@@ -104,6 +104,16 @@ CREATE TABLE workflow_executions (
     dedup_key       text        CHECK (length(dedup_key) BETWEEN 1 AND 200),
     -- The W3C trace context (traceparent, as a JSON object) of the code that enqueued it (tracing.py).
     trace_context   jsonb,
+    -- Searchable labels: a JSON object of string values ({"customer": "42"}), given at enqueue and added
+    -- to by pgdurable.set_tags; found by containment (tags @> ...) along workflow_executions_tags_idx.
+    tags            jsonb       CONSTRAINT workflow_executions_tags_object CHECK (jsonb_typeof(tags) = 'object'),
+    -- A debounced enqueue: while this execution has not started, enqueues of its workflow with the same key
+    -- update it instead of creating another (workflow_executions_debounce_idx), pushing its start back,
+    -- but never past debounce_deadline (the burst's first enqueue plus its maximum wait).
+    debounce_key    text        CHECK (length(debounce_key) BETWEEN 1 AND 200),
+    debounce_deadline timestamptz
+        CONSTRAINT workflow_executions_debounce_deadline_range
+        CHECK (debounce_deadline BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'),
     -- Why a parked execution (status 'waiting', wait_reason 'parked') waits: its recorded history does not
     -- replay on the code of the worker that claimed it (see "Versions and deploys" in docs/primitives.md).
     parked_reason   text,
@@ -165,6 +175,18 @@ CREATE INDEX workflow_executions_key_running_idx
     ON workflow_executions (queue, concurrency_key)
     WHERE concurrency_key IS NOT NULL AND status = 'running';
 
+-- Tags, searched by containment (list_workflows(tags=...); tags @> x implies tags IS NOT NULL, so the
+-- planner uses this index). Partial: an execution without tags costs the index nothing.
+CREATE INDEX workflow_executions_tags_idx
+    ON workflow_executions USING gin (tags jsonb_path_ops)
+    WHERE tags IS NOT NULL;
+
+-- Debounce: one pending (not yet started) execution per workflow and debounce key. A claim sets
+-- started_at, so a running execution leaves the index and the next enqueue starts a new burst.
+CREATE UNIQUE INDEX workflow_executions_debounce_idx
+    ON workflow_executions (name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status IN ('enqueued', 'waiting');
+
 -- == Steps =============================================================================================
 
 -- One row per completed step of an execution: its recorded output or error. Written once (INSERT ... ON
@@ -217,6 +239,23 @@ CREATE TABLE workflow_events (
     value         jsonb       NOT NULL,
     created_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (execution_id, key, step_id)
+);
+
+-- Streams an execution writes (pgdurable.write_stream): every value under a key, in order of the
+-- write_stream step that wrote it (exactly once: the value and its step are one statement). A row with
+-- closed = true (and no value) ends the key's stream (pgdurable.close_stream). Readers wait on NOTIFY.
+CREATE TABLE workflow_streams (
+    execution_id  text        NOT NULL,
+    key           text        NOT NULL CHECK (length(key) BETWEEN 1 AND 200),
+    step_id       integer     NOT NULL,
+    value         jsonb,
+    closed        boolean     NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (execution_id, key, step_id),
+    CHECK (closed = (value IS NULL))
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.02
 );
 
 -- == Queues and their policies =========================================================================
@@ -446,6 +485,11 @@ CREATE TRIGGER workflow_events_notify
     AFTER INSERT ON workflow_events
     FOR EACH ROW EXECUTE FUNCTION notify_event();
 
+-- A stream value (or its close) wakes its readers on the same channel as events.
+CREATE TRIGGER workflow_streams_notify
+    AFTER INSERT ON workflow_streams
+    FOR EACH ROW EXECUTE FUNCTION notify_event();
+
 CREATE TRIGGER schedules_notify_insert
     AFTER INSERT ON schedules
     FOR EACH ROW WHEN (NOT NEW.paused)
@@ -476,11 +520,141 @@ $$;
 -- == Creating executions: the one insert path ==========================================================
 
 -- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
--- enqueue_workflow) inserts through insert_executions_v1, so the values derived at creation are decided
+-- enqueue_workflow, a table binding's trigger) inserts through insert_executions_v2 (the trigger through
+-- _v1, which calls it), so the values derived at creation are decided
 -- in one place.
 
--- One execution to create, as insert_executions_v1 reads it from JSON (by field name; absent fields are
--- NULL, then the function's defaults apply).
+-- One execution to create, as insert_executions_v2 reads it from JSON (by field name; absent fields are
+-- NULL, then the function's defaults apply). Fields: those of execution_spec_v1 below, then tags,
+-- debounce_key, debounce_seconds and debounce_max_seconds.
+CREATE TYPE execution_spec_v2 AS (
+    id                   text,
+    name                 text,
+    input                jsonb,
+    queue                text,
+    priority             integer,
+    max_recoveries       integer,
+    start_at             timestamptz,
+    delay_seconds        double precision,
+    timeout_seconds      double precision,
+    deadline             timestamptz,
+    dedup_key            text,
+    concurrency_key      text,
+    trace_context        jsonb,
+    parent_id            text,
+    forked_from          text,
+    owner_id             text,
+    lease_seconds        double precision,
+    app_version          text,
+    tags                 jsonb,
+    debounce_key         text,
+    debounce_seconds     double precision,
+    debounce_max_seconds double precision
+);
+
+CREATE FUNCTION insert_executions_v2(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    at timestamptz := clock_now();
+    created integer;
+    debounced integer;
+BEGIN
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
+                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
+                                          started_at, app_version, created_at, updated_at, tags)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.delayed THEN 'delay' END,
+           s.timeout_seconds,
+           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
+                THEN least(coalesce(s.deadline, 'infinity'),
+                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                ELSE s.deadline END,
+           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
+           s.owner_id,
+           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
+           CASE WHEN s.owned THEN 1 ELSE 0 END,
+           CASE WHEN s.owned THEN at END,
+           s.app_version, at, at, nullif(nullif(s.tags, 'null'), '{}')
+    FROM (
+        SELECT p.*, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows))
+                 WITH ORDINALITY AS p
+        WHERE p.debounce_key IS NULL
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT DO NOTHING
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS created = ROW_COUNT;
+    -- A bulk enqueue (no debounce key anywhere) pays one JSON path scan here, not a second parse of its rows.
+    IF NOT (rows @? '$[*].debounce_key ? (@ != null)' OR coalesce(common -> 'debounce_key', 'null') <> 'null') THEN
+        IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+                USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+        END IF;
+        RETURN;
+    END IF;
+
+    -- Debounced: one pending (not yet started) execution per (workflow, key). A later enqueue of the burst
+    -- takes its place: its arguments and tags, and a start debounce_seconds from now, but never after the
+    -- burst's deadline (its first enqueue plus debounce_max_seconds). A row a worker is claiming at this
+    -- moment is waited for; once started it is no longer pending, so this insert starts the next burst.
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, concurrency_key, trace_context,
+                                          created_at, updated_at, tags, debounce_key, debounce_deadline)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.available_at > at THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.available_at > at THEN 'delay' END,
+           s.timeout_seconds, s.concurrency_key, nullif(s.trace_context, 'null'), at, at,
+           nullif(nullif(s.tags, 'null'), '{}'), s.debounce_key, s.debounce_deadline
+    FROM (
+        SELECT p.*, least(at + make_interval(secs => coalesce(p.debounce_seconds, 0)), d.deadline) AS available_at,
+               d.deadline AS debounce_deadline
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows))
+                 WITH ORDINALITY AS p,
+             LATERAL (SELECT at + make_interval(secs => p.debounce_max_seconds) AS deadline) AS d
+        WHERE p.debounce_key IS NOT NULL
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT (name, debounce_key)
+        WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status IN ('enqueued', 'waiting')
+    DO UPDATE SET
+        input = EXCLUDED.input, tags = EXCLUDED.tags, priority = EXCLUDED.priority,
+        timeout_seconds = EXCLUDED.timeout_seconds, concurrency_key = EXCLUDED.concurrency_key,
+        available_at = least(EXCLUDED.available_at, e.debounce_deadline),
+        status = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'waiting' ELSE 'enqueued' END,
+        wait_reason = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'delay' END,
+        updated_at = at
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS debounced = ROW_COUNT;
+    IF raise_on_conflict AND created + debounced < jsonb_array_length(rows) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+            USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+    END IF;
+END;
+$$;
+
+-- The insert of the previous release, for its workers during a deploy: the same as v2.
+CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT * FROM insert_executions_v2(rows, common, raise_on_conflict);
+$$;
+
+-- One execution as the previous release's insert read it (kept while insert_executions_v1 is).
 CREATE TYPE execution_spec_v1 AS (
     id              text,
     name            text,
@@ -506,55 +680,6 @@ CREATE TYPE execution_spec_v1 AS (
     app_version     text
 );
 
-CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
-RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-#variable_conflict use_column
-DECLARE
-    -- Read once: clock_now() is a (pinned, so not inlined) function call.
-    at timestamptz := clock_now();
-    created integer;
-BEGIN
-    RETURN QUERY
-    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
-                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
-                                          started_at, app_version, created_at, updated_at)
-    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
-           coalesce(s.max_recoveries, 5), s.available_at,
-           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
-           CASE WHEN s.delayed THEN 'delay' END,
-           s.timeout_seconds,
-           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
-                THEN least(coalesce(s.deadline, 'infinity'),
-                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
-                ELSE s.deadline END,
-           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
-           s.owner_id,
-           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
-           CASE WHEN s.owned THEN 1 ELSE 0 END,
-           CASE WHEN s.owned THEN at END,
-           s.app_version, at, at
-    FROM (
-        SELECT p.*, p.owner_id IS NOT NULL AS owned,
-               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
-               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
-        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
-                 WITH ORDINALITY AS p
-        ORDER BY p.ordinality
-    ) AS s
-    ON CONFLICT DO NOTHING
-    RETURNING e.id, e.name, e.status, e.attempt, e.input;
-    GET DIAGNOSTICS created = ROW_COUNT;
-    IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
-        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
-            USING ERRCODE = '23505', DETAIL = 'insert_executions_v1: an id given is taken';
-    END IF;
-END;
-$$;
-
 -- == The SQL API (any language, inside the caller's transaction) =======================================
 
 -- Enqueue a workflow inside the caller's transaction: it exists if and only if that transaction commits,
@@ -562,7 +687,10 @@ $$;
 -- returns the same id. Arguments go by name in a JSON object: '{"order_id": 42}'. A delayed start waits
 -- in 'waiting' (out of the claim index) until the timer enqueues it. With a dedup_key that an unfinished
 -- execution of the queue already has, returns that execution's id instead of a new one. Refuses (SQLSTATE
--- 22023) every value outside the limits, and ids in the reserved "sched:" namespace.
+-- 22023) every value outside the limits, and ids in the reserved "sched:" namespace. tags: a JSON object
+-- of string values. debounce_key (with debounce_seconds, optionally debounce_max_seconds): while an
+-- execution of this workflow with this key has not started, update it (arguments, tags, a start
+-- debounce_seconds from now, never past its first enqueue plus debounce_max_seconds) and return its id.
 CREATE FUNCTION enqueue_workflow(
     workflow_name   text,
     input           jsonb       DEFAULT '{}',
@@ -574,7 +702,11 @@ CREATE FUNCTION enqueue_workflow(
     max_recoveries  integer     DEFAULT 5,
     timeout_seconds double precision DEFAULT NULL,
     dedup_key       text        DEFAULT NULL,
-    concurrency_key text        DEFAULT NULL
+    concurrency_key text        DEFAULT NULL,
+    tags            jsonb       DEFAULT NULL,
+    debounce_key    text        DEFAULT NULL,
+    debounce_seconds     double precision DEFAULT NULL,
+    debounce_max_seconds double precision DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -637,11 +769,47 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    PERFORM FROM insert_executions_v1(jsonb_build_array(jsonb_build_object(
+    IF tags IS NOT NULL AND (jsonb_typeof(tags) <> 'object'
+        OR (SELECT count(*) FROM jsonb_each(tags)) > 32
+        OR EXISTS (SELECT 1 FROM jsonb_each(tags) t
+                   WHERE jsonb_typeof(t.value) <> 'string' OR length(t.key) NOT BETWEEN 1 AND 100
+                      OR length(t.value #>> '{}') > 200)) THEN
+        RAISE EXCEPTION 'enqueue_workflow: tags must be a JSON object of at most 32 string values, keys of 1 to '
+                        '100 characters and values of at most 200'
+            USING ERRCODE = '22023', HINT = 'for example: ''{"customer": "42"}''::jsonb';
+    END IF;
+    IF debounce_key IS NOT NULL THEN
+        IF length(debounce_key) NOT BETWEEN 1 AND 200 THEN
+            RAISE EXCEPTION 'enqueue_workflow: debounce_key must be 1 to 200 characters' USING ERRCODE = '22023';
+        END IF;
+        IF workflow_id IS NOT NULL OR dedup_key IS NOT NULL OR start_at IS NOT NULL OR delay IS NOT NULL THEN
+            RAISE EXCEPTION 'enqueue_workflow: a debounced enqueue takes no workflow_id, dedup_key, start_at or '
+                            'delay (the burst decides its id and its start)'
+                USING ERRCODE = '22023';
+        END IF;
+        IF debounce_seconds IS NULL OR NOT (debounce_seconds >= 0 AND debounce_seconds <= 315360000)
+           OR NOT (debounce_max_seconds IS NULL
+                   OR (debounce_max_seconds >= 0 AND debounce_max_seconds <= 315360000)) THEN
+            RAISE EXCEPTION 'enqueue_workflow: debounce_seconds (given) and debounce_max_seconds (optional) must be '
+                            'finite numbers of seconds from 0 to 315360000 (10 years)'
+                USING ERRCODE = '22023';
+        END IF;
+        RETURN (SELECT i.id FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
+            'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
+            'max_recoveries', max_recoveries, 'timeout_seconds', timeout_seconds,
+            'concurrency_key', concurrency_key, 'tags', tags, 'debounce_key', debounce_key,
+            'debounce_seconds', debounce_seconds, 'debounce_max_seconds', debounce_max_seconds))) AS i);
+    ELSIF debounce_seconds IS NOT NULL OR debounce_max_seconds IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue_workflow: debounce_seconds and debounce_max_seconds need a debounce_key'
+            USING ERRCODE = '22023';
+    END IF;
+
+    PERFORM FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
         'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
         'max_recoveries', max_recoveries,
         'start_at', coalesce(start_at, clock_now() + coalesce(delay, interval '0')),
-        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key)));
+        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key,
+        'tags', tags)));
     IF NOT FOUND THEN
         SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
         IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
@@ -1041,6 +1209,330 @@ BEGIN
 END;
 $$;
 
+-- == Table bindings ====================================================================================
+-- A table bound to a workflow (bind_table): a trigger on the application's table enqueues the workflow for
+-- every matching row change, inside the writing transaction, with the row's columns as its arguments by
+-- name (docs/table-bound-workflows.md). The trigger is the binding; table_bindings records each one so
+-- that it can be listed, checked and re-created.
+
+-- One row per binding.
+CREATE TABLE table_bindings (
+    -- The binding's name: the trigger is "pgdurable:<name>" and the executions' ids begin "bind:<name>:".
+    name            text        PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9_.:-]{1,50}$'),
+    -- The table, schema-qualified, as it was named when bound (a later rename does not update it; the
+    -- trigger follows the table).
+    relation        text        NOT NULL,
+    workflow_name   text        NOT NULL CHECK (length(workflow_name) BETWEEN 1 AND 200),
+    -- Which changes fire it: a non-empty subset of insert, update, delete.
+    operations      text[]      NOT NULL,
+    -- The trigger's WHEN clause (a boolean SQL expression on NEW and OLD), if any.
+    when_condition  text,
+    -- The primary key's columns, in key order: with the transaction, they identify a change.
+    key_columns     text[]      NOT NULL,
+    -- The columns passed as arguments (NULL: every column).
+    columns         text[],
+    -- Also pass the row before the change as the argument "old" (NULL for an insert).
+    pass_old        boolean     NOT NULL DEFAULT false,
+    queue           text        NOT NULL DEFAULT 'default' CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    priority        integer     NOT NULL DEFAULT 0,
+    max_recoveries  integer     NOT NULL DEFAULT 5 CHECK (max_recoveries >= 0),
+    timeout_seconds double precision CHECK (timeout_seconds > 0 AND timeout_seconds <= 315360000),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- The trigger function of every binding. Its one argument is the binding as JSON (name, key, columns,
+-- pass_old, and "common": the execution's workflow name, queue, priority, max_recoveries, timeout), so
+-- firing reads no table. SECURITY DEFINER (owned by the engine's owner): the role that writes the bound
+-- table needs no rights on the engine's tables. Nobody but the engine's owner and worker roles may attach
+-- it to a table (EXECUTE is revoked from PUBLIC; PostgreSQL checks it when a trigger is created).
+--
+-- A change is identified by the binding, the row's primary key, the operation and the transaction (its id
+-- and start time: an id alone repeats after a dump and restore into a new cluster). That makes the
+-- execution id deterministic: a trigger that fires again for the same change finds its execution already
+-- there. A row changed again by the same operation in the same transaction is the same change: its
+-- execution, still uncommitted and unclaimed, gets the row's latest version (and keeps, as "old", the row
+-- as it was before the transaction's first change).
+CREATE FUNCTION table_binding_fire() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    binding constant jsonb := TG_ARGV[0]::jsonb;
+    changed jsonb;
+    arguments jsonb;
+    key_text text;
+    change text;
+    new_id text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        changed := to_jsonb(OLD);
+    ELSE
+        changed := to_jsonb(NEW);
+    END IF;
+    IF jsonb_typeof(binding -> 'columns') = 'array' THEN
+        SELECT coalesce(jsonb_object_agg(c.name, changed -> c.name), '{}') INTO arguments
+        FROM jsonb_array_elements_text(binding -> 'columns') AS c(name)
+        WHERE changed ? c.name;
+    ELSE
+        arguments := changed;
+    END IF;
+    IF (binding ->> 'pass_old')::boolean THEN
+        arguments := arguments || jsonb_build_object('old', to_jsonb(OLD));
+    END IF;
+    SELECT jsonb_agg(changed -> k.name ORDER BY k.n)::text INTO key_text
+    FROM jsonb_array_elements_text(binding -> 'key') WITH ORDINALITY AS k(name, n);
+    change := lower(left(TG_OP, 1)) || ':' || pg_current_xact_id()::text || '.'
+              || floor(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint::text;
+    new_id := format('bind:%s:%s:%s', binding ->> 'name', key_text, change);
+    IF length(new_id) > 200 THEN
+        new_id := format('bind:%s:md5=%s:%s', binding ->> 'name', md5(key_text), change);
+    END IF;
+    -- Only the fields a binding sets, whoever created the trigger and with whatever argument.
+    PERFORM FROM insert_executions_v1(
+        jsonb_build_array(jsonb_build_object('id', new_id, 'input', arguments)),
+        jsonb_build_object('name', binding -> 'common' -> 'name', 'queue', binding -> 'common' -> 'queue',
+                           'priority', binding -> 'common' -> 'priority',
+                           'max_recoveries', binding -> 'common' -> 'max_recoveries',
+                           'timeout_seconds', binding -> 'common' -> 'timeout_seconds'));
+    IF NOT FOUND THEN
+        -- The same change again: the latest row, and (with pass_old) the row as it was before the change.
+        UPDATE workflow_executions e
+        SET input = CASE WHEN (binding ->> 'pass_old')::boolean
+                         THEN arguments || jsonb_build_object('old', e.input -> 'old') ELSE arguments END,
+            updated_at = now()
+        WHERE e.id = new_id AND e.status = 'enqueued' AND e.attempt = 0;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Bind a table to a workflow: from now on (in this transaction, if it commits), every change of a row of
+-- ``target`` by one of ``operations`` for which ``when_condition`` holds enqueues ``workflow_name`` with
+-- the row's ``columns`` (all if NULL) as its arguments by name. Binding again under the same name replaces
+-- the binding (its trigger is re-created). Runs with the caller's rights: the caller needs the TRIGGER
+-- privilege on the table (its owner has it) and to be the engine's owner or a worker role. Returns the
+-- binding's name (by default "<table>:<workflow>", characters outside [A-Za-z0-9_.:-] made "_").
+--
+-- ``when_condition`` is SQL written by the developer, like a migration (never pass end users' input): it
+-- becomes the trigger's WHEN clause, which PostgreSQL parses and type-checks as one boolean expression.
+CREATE FUNCTION bind_table(
+    target          regclass,
+    workflow_name   text,
+    operations      text[]           DEFAULT '{insert}',
+    when_condition  text             DEFAULT NULL,
+    binding_name    text             DEFAULT NULL,
+    columns         text[]           DEFAULT NULL,
+    pass_old        boolean          DEFAULT false,
+    queue           text             DEFAULT 'default',
+    priority        integer          DEFAULT 0,
+    max_recoveries  integer          DEFAULT 5,
+    timeout_seconds double precision DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    fire constant regprocedure := to_regprocedure('table_binding_fire()');
+    relation_kind "char";
+    qualified text;
+    key_columns text[];
+    unknown text[];
+    ops text[];
+    binding text;
+    trigger_name text;
+    existing record;
+    config jsonb;
+BEGIN
+    IF target IS NULL THEN
+        RAISE EXCEPTION 'bind_table: target must name a table' USING ERRCODE = '22023';
+    END IF;
+    SELECT c.relkind, format('%I.%I', n.nspname, c.relname) INTO relation_kind, qualified
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target;
+    IF relation_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'bind_table: % is not a table', target USING ERRCODE = '42809';
+    END IF;
+    -- pgdurable's own tables: an execution's insert would fire the trigger that inserts it, and so on.
+    IF (SELECT c.relnamespace FROM pg_class c WHERE c.oid = target) = current_schema()::regnamespace THEN
+        RAISE EXCEPTION 'bind_table: % is one of pgdurable''s own tables', target USING ERRCODE = '42809';
+    END IF;
+    IF workflow_name IS NULL OR length(workflow_name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'bind_table: workflow_name must be 1 to 200 characters' USING ERRCODE = '22023';
+    END IF;
+    IF queue IS NULL OR queue !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN
+        RAISE EXCEPTION 'bind_table: queue % is not a valid queue name', quote_nullable(queue)
+            USING ERRCODE = '22023', HINT = '1 to 100 letters, digits, or _ . : -';
+    END IF;
+    IF priority IS NULL OR max_recoveries IS NULL OR max_recoveries < 0 THEN
+        RAISE EXCEPTION 'bind_table: priority must be given and max_recoveries must be >= 0'
+            USING ERRCODE = '22023';
+    END IF;
+    IF timeout_seconds IS NOT NULL AND NOT (timeout_seconds > 0 AND timeout_seconds <= 315360000) THEN
+        RAISE EXCEPTION 'bind_table: timeout_seconds % must be a finite number of seconds, > 0 and <= '
+                        '315360000 (10 years)', timeout_seconds
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- The primary key identifies the row of a change.
+    SELECT array_agg(a.attname::text ORDER BY k.n) INTO key_columns
+    FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = target AND i.indisprimary;
+    IF key_columns IS NULL THEN
+        RAISE EXCEPTION 'bind_table: table % has no primary key', target
+            USING ERRCODE = '55000',
+                  HINT = 'a binding identifies each change by the row''s primary key (it makes the execution '
+                         'id deterministic); add one';
+    END IF;
+
+    SELECT array_agg(DISTINCT lower(o)) INTO ops FROM unnest(operations) AS o;
+    IF ops IS NULL OR NOT ops <@ ARRAY['insert', 'update', 'delete'] THEN
+        RAISE EXCEPTION 'bind_table: operations must be a non-empty list of insert, update, delete, not %',
+                        coalesce(operations::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+
+    IF columns IS NOT NULL THEN
+        SELECT array_agg(c) INTO unknown FROM unnest(columns) AS c
+        WHERE c IS NULL OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = target AND a.attname = c
+                                                                    AND a.attnum > 0 AND NOT a.attisdropped);
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'bind_table: table % has no column(s) %', target, unknown USING ERRCODE = '42703';
+        END IF;
+    END IF;
+    IF pass_old AND (CASE WHEN columns IS NULL
+                          THEN EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = target AND a.attname = 'old'
+                                                                  AND a.attnum > 0 AND NOT a.attisdropped)
+                          ELSE 'old' = ANY (columns) END) THEN
+        RAISE EXCEPTION 'bind_table: table % has a column "old", which pass_old would overwrite', target
+            USING ERRCODE = '22023', HINT = 'pass the columns without "old", or do not pass the old row';
+    END IF;
+
+    -- A cheap guard against a WHEN clause that smuggles in a second statement. The clause is also set on
+    -- lines of its own, so a trailing comment cannot swallow the rest of the statement, and the trigger
+    -- is checked below to run table_binding_fire.
+    IF position(';' IN coalesce(when_condition, '')) > 0 THEN
+        RAISE EXCEPTION 'bind_table: the when condition must be one SQL expression, without ";"'
+            USING ERRCODE = '42601';
+    END IF;
+    IF when_condition IS NOT NULL AND btrim(when_condition) = '' THEN
+        when_condition := NULL;
+    END IF;
+
+    binding := coalesce(binding_name,
+                        left(regexp_replace((SELECT c.relname FROM pg_class c WHERE c.oid = target) || ':'
+                                            || workflow_name, '[^A-Za-z0-9_.:-]', '_', 'g'), 50));
+    IF binding !~ '^[A-Za-z0-9_.:-]{1,50}$' THEN
+        RAISE EXCEPTION 'bind_table: binding name % is not valid', quote_nullable(binding)
+            USING ERRCODE = '22023', HINT = '1 to 50 letters, digits, or _ . : -';
+    END IF;
+    trigger_name := 'pgdurable:' || binding;
+
+    -- Binding again replaces the binding on the same table; a name bound to another table is refused.
+    FOR existing IN SELECT t.tgrelid FROM pg_trigger t WHERE t.tgname = trigger_name AND t.tgfoid = fire LOOP
+        IF existing.tgrelid <> target THEN
+            RAISE EXCEPTION 'bind_table: binding % already binds table %', binding, existing.tgrelid::regclass
+                USING ERRCODE = '42710', HINT = 'unbind it first, or choose another binding name';
+        END IF;
+        EXECUTE format('DROP TRIGGER %I ON %s', trigger_name, target);
+    END LOOP;
+
+    config := jsonb_build_object(
+        'name', binding, 'key', to_jsonb(key_columns), 'columns', to_jsonb(columns), 'pass_old', pass_old,
+        'common', jsonb_build_object('name', workflow_name, 'queue', queue, 'priority', priority,
+                                     'max_recoveries', max_recoveries, 'timeout_seconds', timeout_seconds));
+    EXECUTE format(E'CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW %s EXECUTE FUNCTION %I.table_binding_fire(%L)',
+                   trigger_name, array_to_string(ARRAY(SELECT upper(o) FROM unnest(ops) AS o ORDER BY o), ' OR '),
+                   target, CASE WHEN when_condition IS NOT NULL THEN E'WHEN (\n' || when_condition || E'\n)' ELSE '' END,
+                   current_schema(), config::text);
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = target AND t.tgname = trigger_name AND t.tgfoid = fire) THEN
+        RAISE EXCEPTION 'bind_table: the when condition changed the trigger''s definition: %', when_condition
+            USING ERRCODE = '42601';
+    END IF;
+
+    INSERT INTO table_bindings AS b (name, relation, workflow_name, operations, when_condition, key_columns, columns,
+                                     pass_old, queue, priority, max_recoveries, timeout_seconds)
+    VALUES (binding, qualified, workflow_name, ops, when_condition, key_columns, columns, pass_old, queue,
+            priority, max_recoveries, timeout_seconds)
+    ON CONFLICT (name) DO UPDATE
+    SET relation = EXCLUDED.relation, workflow_name = EXCLUDED.workflow_name, operations = EXCLUDED.operations,
+        when_condition = EXCLUDED.when_condition, key_columns = EXCLUDED.key_columns, columns = EXCLUDED.columns,
+        pass_old = EXCLUDED.pass_old, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+        max_recoveries = EXCLUDED.max_recoveries, timeout_seconds = EXCLUDED.timeout_seconds, updated_at = now();
+    RETURN binding;
+END;
+$$;
+
+-- Remove a binding: drop its trigger (the caller must own the table) and its row. True if either existed.
+-- Executions it already enqueued are left alone.
+CREATE FUNCTION unbind_table(binding_name text) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    fire constant regprocedure := to_regprocedure('table_binding_fire()');
+    installed record;
+    found_any boolean := false;
+BEGIN
+    FOR installed IN SELECT t.tgrelid, t.tgname FROM pg_trigger t
+                     WHERE t.tgname = 'pgdurable:' || binding_name AND t.tgfoid = fire LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', installed.tgname, installed.tgrelid::regclass);
+        found_any := true;
+    END LOOP;
+    DELETE FROM table_bindings b WHERE b.name = binding_name;
+    RETURN found_any OR FOUND;
+END;
+$$;
+
+-- Every binding, with the table its trigger is on now (NULL: the trigger is gone, e.g. the table was
+-- dropped; bind again or unbind).
+CREATE FUNCTION list_table_bindings()
+RETURNS TABLE (name text, relation text, workflow_name text, operations text[], when_condition text,
+               key_columns text[], columns text[], pass_old boolean, queue text, priority integer,
+               max_recoveries integer, timeout_seconds double precision, installed_on text,
+               created_at timestamptz, updated_at timestamptz)
+LANGUAGE sql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT b.name, b.relation, b.workflow_name, b.operations, b.when_condition, b.key_columns, b.columns,
+           b.pass_old, b.queue, b.priority, b.max_recoveries, b.timeout_seconds,
+           (SELECT t.tgrelid::regclass::text FROM pg_trigger t
+            WHERE t.tgname = 'pgdurable:' || b.name AND t.tgfoid = to_regprocedure('table_binding_fire()')
+            LIMIT 1),
+           b.created_at, b.updated_at
+    FROM table_bindings b
+    ORDER BY b.name;
+$$;
+
+-- Re-create the trigger of every binding whose trigger is gone while its table exists (the table was
+-- dropped and created again, or restored without its triggers), from its record. Returns their names.
+CREATE FUNCTION restore_table_bindings() RETURNS SETOF text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    missing record;
+BEGIN
+    FOR missing IN SELECT l.* FROM list_table_bindings() l
+                   WHERE l.installed_on IS NULL AND to_regclass(l.relation) IS NOT NULL
+                   ORDER BY l.name LOOP
+        RETURN NEXT bind_table(missing.relation::regclass, missing.workflow_name, missing.operations,
+                               missing.when_condition, missing.name, missing.columns, missing.pass_old,
+                               missing.queue, missing.priority, missing.max_recoveries, missing.timeout_seconds);
+    END LOOP;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION table_binding_fire(), bind_table(regclass, text, text[], text, text, text[], boolean, text,
+                                                        integer, integer, double precision),
+                       unbind_table(text), list_table_bindings(), restore_table_bindings()
+    FROM PUBLIC;
+
 -- == Versions ==========================================================================================
 
 -- Every application version with unfinished executions or a live worker: its unfinished executions by
@@ -1151,7 +1643,8 @@ DECLARE
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION %1$I.enqueue_workflow(text, jsonb, text, text, integer, '
-                   'timestamptz, interval, integer, double precision, text, text), %1$I.workflow_status(text), '
+                   'timestamptz, interval, integer, double precision, text, text, jsonb, text, double precision, '
+                   'double precision), %1$I.workflow_status(text), '
                    '%1$I.cancel_workflow(text), %1$I.send_message(text, jsonb, text, text), '
                    '%1$I.workflow_event(text, text) TO %2$I', schema_name, role_name);
 END;
@@ -1203,7 +1696,8 @@ $$;
 
 -- Everything above that is not for everybody.
 REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer,
-                                        double precision, text, text),
+                                        double precision, text, text, jsonb, text, double precision,
+                                        double precision),
                        workflow_status(text), cancel_workflow(text),
                        send_message(text, jsonb, text, text), workflow_event(text, text),
                        checkpoint_step(text, integer, integer, text, jsonb, jsonb, integer, timestamptz),
@@ -1211,7 +1705,7 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        claim_with_policy(text, text[], text, double precision, integer, text),
                        claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
                        app_versions(), migrate_app_version(text, text),
-                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean),
+                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
     FROM PUBLIC;
