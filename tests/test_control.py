@@ -1,6 +1,6 @@
 """Control: deadlines (propagated to children), cascading cancel that stops a running workflow at once,
-resume, fork from a step; and versioning: version stamps, workers resuming only their own version, and
-patched() for changing a workflow's code under executions in flight."""
+resume, fork from a step; and versioning: version stamps, strict workers resuming only their own version, and
+patched() for changing a workflow's code under executions in flight (adoption: tests/test_versions.py)."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_resume_a_cancelled_workflow_and_fork_from_a_step(app: pgdurable.App,
         app.fork("orig", from_step=0, new_workflow_id="fork-1")
 
 
-def test_versions_are_stamped_and_only_matching_workers_resume(
+def test_versions_are_stamped_and_only_matching_workers_resume_in_strict_mode(
         make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any], database_url: str) -> None:
     v1 = make_app(app_version="v1")
 
@@ -164,7 +164,7 @@ def test_versions_are_stamped_and_only_matching_workers_resume(
         pgdurable.recv(timeout=60)
         return "v1"
 
-    v2 = make_app(app_version="v2")
+    v2 = make_app(app_version="v2", adopt_after_seconds=None)  # strict: never adopts another version's
 
     @v2.workflow(name="job")
     def job_v2() -> str:
@@ -195,7 +195,7 @@ def test_versions_are_stamped_and_only_matching_workers_resume(
     with psycopg.connect(database_url) as conn:
         reason = conn.execute(sql.SQL("SELECT reason FROM {}.unrunnable_executions WHERE id = 'started-on-v1'")
                               .format(sql.Identifier(v2.schema))).fetchone()
-    assert reason == ("no live worker runs application version v1",)
+    assert reason == ("no live worker runs application version v1 or adopts other versions",)
     start_worker(v1)
     assert started.result(timeout=WAIT) == "v1"
 

@@ -135,7 +135,7 @@ def test_replay_returns_recorded_outputs_and_errors_without_running(
     assert error_step.output is None and error_step.error is not None and "bad input 4" in error_step.error
 
 
-def test_changed_step_order_raises_a_clear_nondeterminism_error(
+def test_changed_step_order_parks_the_execution_with_a_clear_reason(
         make_app: Callable[..., pgdurable.App], start_worker: Callable[..., Any]) -> None:
     # One pinned application version: the new code claims the old execution (with default versions,
     # the changed code would be a new version and leave it to workers of the old one).
@@ -165,10 +165,12 @@ def test_changed_step_order_raises_a_clear_nondeterminism_error(
 
     simulate_crash(new, "nd-1")
     start_worker(new)
-    with pytest.raises(pgdurable.WorkflowFailed) as failure:
-        new.handle("nd-1").result(timeout=WAIT)
-    assert failure.value.type == "pgdurable.errors.NonDeterminismError"
-    assert "'charge'" in failure.value.remote_message and "'reserve'" in failure.value.remote_message
+    # Not failed: parked, with the reason, for code that replays its history (tests/test_versions.py).
+    wait_for(lambda: (row := new.get("nd-1")) is not None and row.wait_reason == "parked", WAIT, "it to park")
+    row = new.get("nd-1")
+    assert row is not None and row.status == "waiting" and row.error is None
+    assert row.parked_reason is not None
+    assert "'charge'" in row.parked_reason and "'reserve'" in row.parked_reason
 
 
 def test_steps_retry_with_backoff_then_succeed(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:

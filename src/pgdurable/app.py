@@ -14,7 +14,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import enqueue, events, limits, local, plans, primitives, scheduling, store, streams
+from . import bindings, enqueue, events, limits, local, plans, primitives, scheduling, store, streams
+from .bindings import Binding
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
@@ -506,6 +507,25 @@ class App:
         """The application version this app's workers stamp on the executions they start."""
         return self.runtime.version
 
+    def versions(self) -> list[store.AppVersion]:
+        """Every application version with unfinished executions or live workers: its unfinished executions
+        by status (``parked``: waiting for a worker whose code replays their history, apart from
+        ``waiting``) and its live workers."""
+        return self.db.run(store.app_versions())
+
+    async def versions_async(self) -> list[store.AppVersion]:
+        return await self.db.arun(store.app_versions())
+
+    def migrate_version(self, old: str, new: str) -> int:
+        """Move the unfinished executions of version ``old`` to version ``new`` (its workers resume them) and
+        re-enqueue the parked ones; returns how many moved. For when the new code replays the old histories
+        (a ``patched()`` change) or when no worker of ``old`` will ever run again. With ``old == new``, only
+        re-enqueue that version's parked executions (a fix deployed under a pinned version)."""
+        return self.db.run(_migrate_version_call(old, new))
+
+    async def migrate_version_async(self, old: str, new: str) -> int:
+        return await self.db.arun(_migrate_version_call(old, new))
+
     def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
                 batch_size: int = 1000) -> int:
         """Delete finished executions (and their steps) created and finished more than ``older_than`` ago
@@ -603,6 +623,62 @@ class App:
     async def resume_schedule_async(self, name: str) -> bool:
         return await self.db.arun_plan(scheduling.resume(name), transaction=True)
 
+    # -- table bindings (logic: bindings.py; the trigger: migration 0016) -----------------------------------
+
+    def bind_table(self, table: str, workflow: Workflow[..., Any] | str, *,
+                   on: str | Iterable[str] = ("insert",), when: str | None = None, name: str | None = None,
+                   pass_old: bool | None = None, queue: str | None = None, priority: int | None = None,
+                   max_recoveries: int | None = None, timeout_seconds: float | None = None) -> Binding:
+        """Enqueue ``workflow`` for every change of a row of ``table`` (an insert, update or delete, as
+        ``on`` says) for which ``when`` holds, inside the writing transaction: exactly one execution per
+        change if that transaction commits, none if it rolls back. A trigger does it, so every writer (any
+        language, any role) is covered; the writing role needs no rights on pgdurable's tables.
+
+        The row's columns are the workflow's arguments by name (columns it does not take are left out; a
+        parameter without a default that no column fills is refused now). ``pass_old``: also pass the row
+        before the change as ``old`` (default: whether the workflow has a parameter named ``old``).
+        ``when``: a SQL boolean expression on ``NEW`` and ``OLD``, written by the developer (never from
+        user input), e.g. ``"NEW.status = 'paid'"``. ``name``: the binding's name (default
+        ``"<table>:<workflow>"``); binding the same name again replaces the binding. The table needs a
+        primary key. See docs/table-bound-workflows.md.
+        """
+        return bindings.bind(self.runtime, table, workflow, on=on, when=when, name=name, pass_old=pass_old,
+                             queue=queue, priority=priority, max_recoveries=max_recoveries,
+                             timeout_seconds=timeout_seconds)
+
+    async def bind_table_async(self, table: str, workflow: Workflow[..., Any] | str, *,
+                               on: str | Iterable[str] = ("insert",), when: str | None = None,
+                               name: str | None = None, pass_old: bool | None = None, queue: str | None = None,
+                               priority: int | None = None, max_recoveries: int | None = None,
+                               timeout_seconds: float | None = None) -> Binding:
+        # Several statements in one transaction, with checks between them: the sync implementation, on a thread.
+        return await asyncio.to_thread(
+            self.bind_table, table, workflow, on=on, when=when, name=name, pass_old=pass_old, queue=queue,
+            priority=priority, max_recoveries=max_recoveries, timeout_seconds=timeout_seconds)
+
+    def bindings(self) -> list[Binding]:
+        """Every table binding, with the table its trigger is on now (``installed_on``; None if it is gone)."""
+        return self.db.run(bindings.list_bindings())
+
+    async def bindings_async(self) -> list[Binding]:
+        return await self.db.arun(bindings.list_bindings())
+
+    def restore_bindings(self) -> list[str]:
+        """Re-create, from their records, the triggers of the bindings whose table exists but whose trigger
+        is gone (the table was dropped and created again); returns their names."""
+        return self.db.run(bindings.restore())
+
+    async def restore_bindings_async(self) -> list[str]:
+        return await self.db.arun(bindings.restore())
+
+    def unbind_table(self, name: str) -> bool:
+        """Remove a table binding (its trigger and its record); True if it existed. Executions it already
+        enqueued are left alone."""
+        return self.db.run(bindings.unbind(name))
+
+    async def unbind_table_async(self, name: str) -> bool:
+        return await self.db.arun(bindings.unbind(name))
+
     # -- workers ------------------------------------------------------------------------------------------
 
     def worker(self, *, queues: list[str] | None = None, concurrency: int = 16) -> Worker:
@@ -625,6 +701,12 @@ class App:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def _migrate_version_call(old: str, new: str) -> store.Call[int]:
+    if not old or not new:
+        raise ValueError(f"migrate_version needs two non-empty versions (got {old!r} and {new!r})")
+    return store.migrate_app_version(old=old, new=new)
 
 
 @contextlib.contextmanager

@@ -65,6 +65,11 @@ class Settings:
     retention_seconds: float | None = None
     # Executions deleted per pass by automatic retention: at most this many every sweep_seconds, per schema.
     retention_batch_size: int = 500
+    # Adoption: a worker resumes executions of another application version once no worker of that version
+    # heartbeated for this many seconds (their history must replay on this code, else they are parked).
+    # None: strict per-version mode, executions wait for a worker of their own version. More than the
+    # workers' heartbeat interval (lease_seconds / 3), so that a live worker is never taken for a gone one.
+    adopt_after_seconds: float | None = 60.0
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:
@@ -77,6 +82,10 @@ class Settings:
             raise ConfigurationError("retention_seconds must be >= 0 (or None to keep everything)")
         if self.retention_batch_size < 1:
             raise ConfigurationError("retention_batch_size must be at least 1")
+        if self.adopt_after_seconds is not None and not self.adopt_after_seconds > self.heartbeat_seconds:
+            raise ConfigurationError(
+                f"adopt_after_seconds ({self.adopt_after_seconds}) must be more than the workers' heartbeat "
+                f"interval, lease_seconds / 3 ({self.heartbeat_seconds:g} s), or None (never adopt)")
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -51,6 +51,9 @@ class ExecutionContext:
         self.loop = loop
         self._next_step = 0
         self.lost = False
+        # Set when the code called another step than the history has at an ordinal: the attempt stops and
+        # the execution is parked, whatever the workflow does with the exception.
+        self.mismatch: str | None = None
         # Durable timers use the database's clock: remember how far this machine's clock is from it.
         self._clock_offset = (db_now.timestamp() - time.time()) if db_now is not None else 0.0
         self._on_suspend = on_suspend
@@ -65,17 +68,32 @@ class ExecutionContext:
 
     def begin_step(self, step_name: str) -> tuple[int, store.RecordedStep | None]:
         """Take the next step ordinal; return it with the recorded outcome if this step already ran."""
+        if self.mismatch is not None:
+            raise NonDeterminismError(self.mismatch)
         if self.lost:
             raise LeaseLost(f"execution {self.execution_id} attempt {self.attempt} is no longer owned")
         step_id = self._next_step
         self._next_step += 1
         recorded = self.recorded.get(step_id)
         if recorded is not None and recorded.step_name != step_name:
-            raise NonDeterminismError(
-                f"workflow {self.workflow_name!r} (execution {self.execution_id}) called step "
-                f"{step_name!r} as step #{step_id}, but the recorded history has {recorded.step_name!r} "
-                f"there: the workflow's code changed while this execution was in flight")
+            self.mismatch = (f"workflow {self.workflow_name!r} called step {step_name!r} as step #{step_id}, "
+                             f"but the recorded history has {recorded.step_name!r} there")
+            raise NonDeterminismError(self.mismatch)
         return step_id, recorded
+
+    def replay_mismatch(self) -> str | None:
+        """Why this attempt's code does not replay the recorded history (None: it does). Asked when the
+        workflow ended: a mismatch it caught, or recorded steps its code never reached."""
+        if self.mismatch is None and self.recorded:
+            last = max(self.recorded)
+            if last >= self._next_step:
+                self.mismatch = (f"workflow {self.workflow_name!r} ended after {self._next_step} steps, but the "
+                                 f"recorded history has {last + 1} (step #{self._next_step} is "
+                                 f"{self.recorded[self._next_step].step_name!r})"
+                                 if self._next_step in self.recorded else
+                                 f"workflow {self.workflow_name!r} ended after {self._next_step} steps, but the "
+                                 f"recorded history has {last + 1}")
+        return self.mismatch
 
     def replay(self, recorded: store.RecordedStep, return_hint: Any) -> Any:
         if recorded.error is not None:

@@ -35,8 +35,13 @@ class SerializationError(PgDurableError, TypeError):
     """A value could not be encoded to (or decoded from) the payload format."""
 
 
-class NonDeterminismError(PgDurableError):
-    """A workflow replayed differently from how it first ran (its code changed under a running execution)."""
+class NonDeterminismError(BaseException):
+    """A workflow replayed differently from how it first ran (its code changed under a running execution).
+
+    Raised inside the workflow to stop the replay; the engine then parks the execution (nothing written) for
+    a worker whose code matches its history. A BaseException, like asyncio.CancelledError, so that a
+    workflow's ``except Exception`` cannot swallow it (the engine checks at the end in any case).
+    """
 
 
 class LeaseLost(PgDurableError):

@@ -26,7 +26,9 @@ COUNT_CAP = 10_000
 # Streams on a workflow's page: this many keys, each with its newest values.
 MAX_STREAMS, MAX_STREAM_VALUES = 20, 20
 # What a waiting execution waits for, by its wait_reason ('recv:<topic>': a message), in a few words.
-WAIT_KINDS = {"delay": "delayed", "sleep": "sleeping", "recv": "receiving", "children": "on children"}
+# 'parked': its history does not replay on the code that claimed it (see "Versions and deploys").
+WAIT_KINDS = {"delay": "delayed", "sleep": "sleeping", "recv": "receiving", "children": "on children",
+              "parked": "parked"}
 
 
 @dataclass(frozen=True, slots=True)

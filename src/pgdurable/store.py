@@ -124,6 +124,8 @@ class Execution:
     # The execution's tags, as a dict (stored as a JSON object; read as its text, decoded here).
     tags: dict[str, str] | None = None
     debounce_key: str | None = None
+    # Why a parked execution (waiting, wait_reason "parked") is not resumed: see "Versions and deploys".
+    parked_reason: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tags, str):
@@ -163,6 +165,8 @@ class Claimed:
     db_now: datetime | None = None
     # Whether it may have recorded steps already (a later attempt, or a fork).
     has_history: bool = False
+    # The application version it had before this claim (another one when this worker adopted it).
+    previous_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,15 +276,16 @@ def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, ma
 
 
 def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
-          version: str) -> Call[list[Claimed]]:
+          version: str, adopt: float | None = None) -> Call[list[Claimed]]:
     return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
-                          "version": version}, _all, row_factory=class_row(Claimed))
+                          "version": version, "adopt": adopt}, _all, row_factory=class_row(Claimed))
 
 
 def claim_with_policy(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
-                      version: str) -> Call[list[Claimed]]:
+                      version: str, adopt: float | None = None) -> Call[list[Claimed]]:
     return Call("claim_with_policy", {"queue": queue, "names": names, "owner": owner, "lease": lease,
-                                      "limit": limit, "version": version}, _all, row_factory=class_row(Claimed))
+                                      "limit": limit, "version": version, "adopt": adopt}, _all,
+                row_factory=class_row(Claimed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,10 +419,11 @@ def unserved(id: str) -> Call[Unserved | None]:
 
 
 def register_worker(*, id: str, hostname: str, pid: int, queues: list[str], workflows: list[str],
-                    concurrency: int, version: str, lease: float | None = None) -> Call[None]:
+                    concurrency: int, version: str, adopt: float | None = None,
+                    lease: float | None = None) -> Call[None]:
     return Call("register_worker", {"id": id, "hostname": hostname, "pid": pid, "queues": queues,
                                     "workflows": workflows, "concurrency": concurrency, "version": version,
-                                    "lease": lease}, _nothing)
+                                    "adopt": adopt, "lease": lease}, _nothing)
 
 
 def worker_heartbeat(id: str) -> Call[None]:
@@ -478,6 +484,33 @@ class Event:
     step_id: int
     value: Any
     created_at: datetime
+
+
+def park(*, id: str, attempt: int, reason: str, previous: str | None) -> Call[bool]:
+    return Call("park", {"id": id, "attempt": attempt, "reason": reason, "previous": previous}, bool)
+
+
+def unpark(*, version: str, names: list[str]) -> Call[int]:
+    """Re-enqueue the parked executions of one version (and of these workflows); how many."""
+    return Call("unpark", {"version": version, "names": names}, len)
+
+
+@dataclass(frozen=True, slots=True)
+class AppVersion:
+    app_version: str
+    enqueued: int
+    waiting: int
+    running: int
+    parked: int
+    live_workers: int
+
+
+def app_versions() -> Call[list[AppVersion]]:
+    return Call("app_versions", {}, list, row_factory=class_row(AppVersion))
+
+
+def migrate_app_version(*, old: str, new: str) -> Call[int]:
+    return Call("migrate_app_version", {"old": old, "new": new}, lambda rows: int(rows[0][0]))
 
 
 def suspend(*, id: str, attempt: int, wake_at: datetime | None, reason: str,

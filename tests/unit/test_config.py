@@ -73,6 +73,8 @@ def test_settings_defaults_and_heartbeat() -> None:
 @pytest.mark.parametrize("kwargs", [
     {"lease_seconds": 0}, {"poll_seconds": -1}, {"sweep_seconds": 0}, {"max_recoveries": -1},
     {"max_payload_bytes": 1023}, {"retention_seconds": -1}, {"retention_batch_size": 0},
+    {"adopt_after_seconds": 0}, {"adopt_after_seconds": 10.0},  # not above the heartbeat (10 s by default)
+    {"lease_seconds": 300},  # its heartbeat (100 s) would outlast the default adoption grace (60 s)
 ])
 def test_settings_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigurationError):
@@ -82,3 +84,7 @@ def test_settings_refused(kwargs: dict[str, float]) -> None:
 def test_settings_accepted_edges() -> None:
     assert Settings(max_recoveries=0, max_payload_bytes=1024, retention_seconds=0, retention_batch_size=1,
                     unknown_workflow_grace_seconds=None).max_payload_bytes == 1024
+    assert Settings().adopt_after_seconds == 60.0
+    assert Settings(adopt_after_seconds=None).adopt_after_seconds is None  # strict per-version mode
+    assert Settings(lease_seconds=300, adopt_after_seconds=None).lease_seconds == 300
+    assert Settings(lease_seconds=3, adopt_after_seconds=1.5).adopt_after_seconds == 1.5

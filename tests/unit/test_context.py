@@ -87,6 +87,36 @@ def test_a_different_step_at_a_recorded_number_is_non_determinism() -> None:
         ctx.begin_step("refund")
 
 
+def test_a_mismatch_cannot_be_swallowed_by_except_exception() -> None:
+    ctx = make_ctx(FakeWriter(), {0: RecordedStep("charge", "1", None)})
+    assert not issubclass(NonDeterminismError, Exception)
+    try:
+        ctx.begin_step("refund")
+    except Exception:  # what a workflow might write: it does not catch the mismatch
+        pytest.fail("a replay mismatch was caught by `except Exception`")
+    except NonDeterminismError:
+        pass
+    # Even if the workflow caught it (except BaseException), every later step raises it again, and the
+    # engine asks at the end.
+    with pytest.raises(NonDeterminismError):
+        ctx.begin_step("charge")
+    assert ctx.replay_mismatch() is not None and "'refund'" in ctx.replay_mismatch()  # type: ignore[operator]
+
+
+def test_ending_before_the_recorded_steps_is_a_mismatch() -> None:
+    recorded = {0: RecordedStep("a", "1", None), 1: RecordedStep("b", "2", None)}
+    ctx = make_ctx(FakeWriter(), recorded)
+    ctx.begin_step("a")
+    reason = ctx.replay_mismatch()
+    assert reason is not None and "ended after 1 steps" in reason and "'b'" in reason
+    whole = make_ctx(FakeWriter(), recorded)
+    whole.begin_step("a")
+    whole.begin_step("b")
+    whole.begin_step("c")  # past the history: new work
+    assert whole.replay_mismatch() is None
+    assert make_ctx(FakeWriter()).replay_mismatch() is None
+
+
 def test_no_step_after_the_lease_is_lost() -> None:
     ctx = make_ctx(FakeWriter())
     error = ctx.lease_lost("testing")

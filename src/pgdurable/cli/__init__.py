@@ -2,15 +2,28 @@
 
 This module builds the typer app (``cli``, run by ``main``) from one module per command or command group:
 ``worker`` (run a worker), ``maintenance`` (migrate, cleanup), ``database_url``, ``workers``, ``status``,
-``dashboard``, ``demo``, and the groups ``workflows``, ``queues`` and ``schedules``. What they share (option
-types, the root group's error handling, the console, JSON and table helpers) is in ``_common``. Imports go one
-way: this module imports the command modules, they import ``_common`` and the engine, and nothing imports back
-up into this package.
+``dashboard``, ``demo``, and the groups ``workflows``, ``queues``, ``schedules``, ``bindings`` and ``versions``.
+What they share (option types, the root group's error handling, the console, JSON and table helpers) is in
+``_common``. Imports go one way: this module imports the command modules, they import ``_common`` and the
+engine, and nothing imports back up into this package.
 """
 
 from __future__ import annotations
 
-from . import dashboard, database_url, demo, maintenance, queues, schedules, status, worker, workers, workflows
+from . import (
+    bindings,
+    dashboard,
+    database_url,
+    demo,
+    maintenance,
+    queues,
+    schedules,
+    status,
+    versions,
+    worker,
+    workers,
+    workflows,
+)
 from ._common import NO_LOCALS, Commands, Typer
 
 __all__ = ["cli", "main"]
@@ -34,6 +47,8 @@ cli.command(epilog=dashboard.DASHBOARD_EPILOG)(dashboard.dashboard)
 cli.add_typer(workflows.workflows_cli, name="workflows")
 cli.add_typer(queues.queues_cli, name="queues")
 cli.add_typer(schedules.schedules_cli, name="schedules")
+cli.add_typer(bindings.bindings_cli, name="bindings")
+cli.add_typer(versions.versions_cli, name="versions")
 
 
 def main() -> None:

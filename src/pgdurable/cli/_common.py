@@ -8,8 +8,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import psycopg
 import typer
@@ -41,14 +42,20 @@ class Group(TyperGroup):
         return _untyped_flags(super().get_params(ctx))
 
 
+CommandFunction = TypeVar("CommandFunction", bound=Callable[..., Any])
+
+
 class Typer(typer.Typer):
     """typer.Typer whose commands and groups show flags without a value type."""
 
     def __init__(self, *, cls: type[TyperGroup] | None = None, **options: Any) -> None:
         super().__init__(cls=cls or Group, **options)
 
-    def command(self, *args: Any, cls: type[TyperCommand] | None = None, **options: Any) -> Any:
-        return super().command(*args, cls=cls or Command, **options)
+    def command(self, *args: Any, cls: type[TyperCommand] | None = None,
+                **options: Any) -> Callable[[CommandFunction], CommandFunction]:
+        decorator: Callable[[CommandFunction], CommandFunction] = super().command(*args, cls=cls or Command,
+                                                                                 **options)
+        return decorator
 
 
 class Commands(Group):

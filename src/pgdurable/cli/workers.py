@@ -1,4 +1,4 @@
-"""``pgdurable workers``: live workers, and enqueued executions no live worker can run."""
+"""``pgdurable workers``: live workers, and executions no live worker will run (unrunnable or parked)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from ._common import AsJson, DatabaseUrl, Schema, console, jsonable, open_app, w
 
 
 def workers(database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False) -> None:
-    """Live workers (with their application version), and enqueued executions no live worker can run.
+    """Live workers (with their application version), and executions no live worker will run: enqueued ones
+    nobody serves, and parked ones (their history does not replay on the code that claimed them).
 
     Example: pgdurable workers --json
     """

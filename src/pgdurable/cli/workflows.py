@@ -120,6 +120,8 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         ("id", execution.id), ("workflow", execution.name), ("queue", execution.queue),
         ("status", execution.status + (f" ({execution.wait_reason})"
                                        if execution.wait_reason and execution.status == "waiting" else "")),
+        *([("parked", execution.parked_reason)] if execution.wait_reason == "parked" and execution.parked_reason
+          else []),
         ("attempt", str(execution.attempt)), ("version", execution.app_version or ""),
         ("parent", execution.parent_id or ""), ("forked from", execution.forked_from or ""),
         ("deadline", when(execution.deadline)),

@@ -81,7 +81,8 @@ def wait_text(reason: str | None) -> str:
     return _WAITS.get(reason, reason)
 
 
-_WAITS = {"delay": "its delayed start", "sleep": "a durable sleep", "children": "child workflows"}
+_WAITS = {"delay": "its delayed start", "sleep": "a durable sleep", "children": "child workflows",
+          "parked": "a worker whose code replays its history (parked)"}
 
 
 def status_class(status: str) -> str:

@@ -94,7 +94,8 @@ CREATE TABLE workflow_executions (
     -- whichever is earlier). Past it the execution fails with pgdurable.WorkflowTimeout.
     timeout_seconds double precision,
     deadline        timestamptz,
-    -- The application version that started the execution; only workers of that version resume it.
+    -- The application version that ran the execution last; workers of that version resume it, and so does a
+    -- worker of another version that adopts (once no worker of this version is live, claim_with_policy_v2).
     app_version     text,
     -- Executions sharing a key are limited together by their queue's key_concurrency.
     concurrency_key text        CHECK (length(concurrency_key) BETWEEN 1 AND 200),
@@ -113,6 +114,9 @@ CREATE TABLE workflow_executions (
     debounce_deadline timestamptz
         CONSTRAINT workflow_executions_debounce_deadline_range
         CHECK (debounce_deadline BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'),
+    -- Why a parked execution (status 'waiting', wait_reason 'parked') waits: its recorded history does not
+    -- replay on the code of the worker that claimed it (see "Versions and deploys" in docs/primitives.md).
+    parked_reason   text,
     CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)),
     CONSTRAINT workflow_executions_status_check
         CHECK (status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -303,7 +307,10 @@ CREATE TABLE workers (
     started_at      timestamptz NOT NULL DEFAULT now(),
     heartbeat_at    timestamptz NOT NULL DEFAULT now(),
     app_version     text,
-    -- The worker's lease (it heartbeats every third of one); NULL for workers older than version 14.
+    -- How long a version must have no live worker before this worker adopts its executions (NULL: it
+    -- never does: strict, per-version mode).
+    adopt_after_seconds double precision,
+    -- The worker's lease (it heartbeats every third of one); NULL for workers older than version 17.
     lease_seconds   double precision CHECK (lease_seconds > 0)
 );
 
@@ -316,25 +323,30 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION worker_alive(timestamptz, double precision) FROM PUBLIC;  -- workers' (and owners') only
 
--- Enqueued executions that no live worker can run: nobody serves their queue, the workers that serve it
--- do not know the workflow's name, or none of them runs the application version that started it.
+-- Executions that no live worker will run: enqueued ones that nobody serves, whose workflow the workers
+-- of their queue do not know, or whose application version no live worker runs nor adopts; and parked
+-- ones (their history does not replay on the code that claimed them).
 CREATE VIEW unrunnable_executions AS
 SELECT e.id, e.name, e.queue, e.created_at,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM workers w
+       CASE WHEN e.status = 'waiting'
+            THEN 'parked: ' || coalesce(e.parked_reason, 'its history does not replay on the code that claimed it')
+            WHEN NOT EXISTS (SELECT 1 FROM workers w
                              WHERE e.queue = ANY (w.queues) AND worker_alive(w.heartbeat_at, w.lease_seconds))
             THEN 'no live worker serves queue ' || e.queue
             WHEN NOT EXISTS (SELECT 1 FROM workers w
                              WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
                                AND worker_alive(w.heartbeat_at, w.lease_seconds))
             THEN 'no live worker on queue ' || e.queue || ' knows workflow ' || e.name
-            ELSE 'no live worker runs application version ' || e.app_version
+            ELSE 'no live worker runs application version ' || e.app_version || ' or adopts other versions'
        END AS reason
 FROM workflow_executions e
-WHERE e.status = 'enqueued'
-  AND NOT EXISTS (SELECT 1 FROM workers w
-                  WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
-                    AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version)
-                    AND worker_alive(w.heartbeat_at, w.lease_seconds));
+WHERE (e.status = 'enqueued'
+       AND NOT EXISTS (SELECT 1 FROM workers w
+                       WHERE e.queue = ANY (w.queues) AND e.name = ANY (w.workflows)
+                         AND (e.app_version IS NULL OR w.app_version IS NOT DISTINCT FROM e.app_version
+                              OR w.adopt_after_seconds IS NOT NULL)
+                         AND worker_alive(w.heartbeat_at, w.lease_seconds)))
+   OR (e.status = 'waiting' AND e.wait_reason = 'parked' AND e.available_at IS NULL);
 
 -- == Schedules =========================================================================================
 
@@ -519,7 +531,8 @@ $$;
 -- == Creating executions: the one insert path ==========================================================
 
 -- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
--- enqueue_workflow) inserts through insert_executions_v2, so the values derived at creation are decided
+-- enqueue_workflow, a table binding's trigger) inserts through insert_executions_v2 (the trigger through
+-- _v1, which calls it), so the values derived at creation are decided
 -- in one place.
 
 -- One execution to create, as insert_executions_v2 reads it from JSON (by field name; absent fields are
@@ -1092,6 +1105,506 @@ BEGIN
 END;
 $$;
 
+-- The policy claim of workers of version 15 on: as claim_with_policy, plus adopt_after (seconds, NULL:
+-- never) lets it take executions of versions with no live worker, and previous_version says which version
+-- each claimed execution had. claim_with_policy stays for the older workers of a rolling deploy.
+CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,
+                                     max_claims integer, version text, adopt_after double precision)
+RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean,
+               previous_version text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    policy queues%ROWTYPE;
+    run_slots integer[];
+    rate_slots integer[];
+    wanted integer := max_claims;
+    chosen text[] := '{}';
+    chosen_versions text[] := '{}';
+    chosen_keys text[] := '{}';
+    candidate record;
+    running_for_key integer;
+    scanned integer := 0;
+BEGIN
+    SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
+    IF policy.concurrency IS NOT NULL THEN
+        SELECT array_agg(s.slot) INTO run_slots FROM (
+            SELECT s.slot FROM queue_slots s
+            LEFT JOIN workflow_executions e ON e.id = s.holder_id
+            WHERE s.queue = queue_name AND s.kind = 'run'
+              AND (s.holder_id IS NULL OR e.id IS NULL OR e.status <> 'running' OR e.attempt <> s.holder_attempt)
+            ORDER BY s.slot
+            LIMIT wanted
+            FOR UPDATE OF s SKIP LOCKED) s;
+        wanted := least(wanted, coalesce(cardinality(run_slots), 0));
+    END IF;
+    IF policy.rate_limit IS NOT NULL AND wanted > 0 THEN
+        SELECT array_agg(s.slot) INTO rate_slots FROM (
+            SELECT s.slot FROM queue_slots s
+            WHERE s.queue = queue_name AND s.kind = 'rate'
+              AND (s.used_at IS NULL
+                   OR s.used_at <= now() - make_interval(secs => least(policy.rate_period_seconds, 315360000)))
+            ORDER BY s.slot
+            LIMIT wanted
+            FOR UPDATE OF s SKIP LOCKED) s;
+        wanted := least(wanted, coalesce(cardinality(rate_slots), 0));
+    END IF;
+    IF wanted <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- Walk the queue in claim order (see claim_with_policy). Versions with a live worker are left to it.
+    FOR candidate IN
+        SELECT e.id, e.concurrency_key, e.app_version FROM workflow_executions e
+        WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
+          AND e.available_at <= now()
+          AND (e.app_version IS NULL OR e.app_version = version
+               OR (adopt_after IS NOT NULL
+                   AND e.app_version NOT IN (SELECT w.app_version FROM workers w
+                                             WHERE w.app_version IS NOT NULL
+                                               AND w.heartbeat_at > now() - make_interval(secs => adopt_after))))
+        ORDER BY e.priority, e.seq
+        FOR UPDATE OF e SKIP LOCKED
+    LOOP
+        scanned := scanned + 1;
+        EXIT WHEN scanned > 1000;
+        IF candidate.concurrency_key IS NOT NULL AND policy.key_concurrency IS NOT NULL THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(queue_name || ':' || candidate.concurrency_key, 7231));
+            SELECT count(*) INTO running_for_key FROM workflow_executions e
+            WHERE e.queue = queue_name AND e.concurrency_key = candidate.concurrency_key AND e.status = 'running';
+            running_for_key := running_for_key
+                + (SELECT count(*) FROM unnest(chosen_keys) k WHERE k = candidate.concurrency_key);
+            CONTINUE WHEN running_for_key >= policy.key_concurrency;
+            chosen_keys := chosen_keys || candidate.concurrency_key;
+        END IF;
+        chosen := chosen || candidate.id;
+        chosen_versions := chosen_versions || candidate.app_version;
+        EXIT WHEN cardinality(chosen) >= wanted;
+    END LOOP;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE workflow_executions e
+        SET status = 'running',
+            owner_id = owner,
+            lease_expires = now() + make_interval(secs => lease),
+            attempt = e.attempt + 1,
+            started_at = coalesce(e.started_at, clock_timestamp()),
+            updated_at = now(),
+            app_version = version,
+            deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
+                            THEN least(coalesce(e.deadline, 'infinity'),
+                                       now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                            ELSE e.deadline END
+        WHERE e.id = ANY (chosen)
+        RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
+    ), numbered AS (
+        SELECT c.*, row_number() OVER (ORDER BY c.priority, c.seq) AS n FROM claimed c
+    ), held AS (
+        UPDATE queue_slots s
+        SET holder_id = numbered.id, holder_attempt = numbered.attempt
+        FROM numbered
+        WHERE s.queue = queue_name AND s.kind = 'run' AND s.slot = run_slots[numbered.n]
+    ), used AS (
+        UPDATE queue_slots s
+        SET used_at = clock_timestamp()
+        FROM numbered
+        WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
+    )
+    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, now(),
+           numbered.attempt > 1 OR numbered.forked_from IS NOT NULL,
+           chosen_versions[array_position(chosen, numbered.id)]
+    FROM numbered;
+END;
+$$;
+
+-- == Table bindings ====================================================================================
+-- A table bound to a workflow (bind_table): a trigger on the application's table enqueues the workflow for
+-- every matching row change, inside the writing transaction, with the row's columns as its arguments by
+-- name (docs/table-bound-workflows.md). The trigger is the binding; table_bindings records each one so
+-- that it can be listed, checked and re-created.
+
+-- One row per binding.
+CREATE TABLE table_bindings (
+    -- The binding's name: the trigger is "pgdurable:<name>" and the executions' ids begin "bind:<name>:".
+    name            text        PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9_.:-]{1,50}$'),
+    -- The table, schema-qualified, as it was named when bound (a later rename does not update it; the
+    -- trigger follows the table).
+    relation        text        NOT NULL,
+    workflow_name   text        NOT NULL CHECK (length(workflow_name) BETWEEN 1 AND 200),
+    -- Which changes fire it: a non-empty subset of insert, update, delete.
+    operations      text[]      NOT NULL,
+    -- The trigger's WHEN clause (a boolean SQL expression on NEW and OLD), if any.
+    when_condition  text,
+    -- The primary key's columns, in key order: with the transaction, they identify a change.
+    key_columns     text[]      NOT NULL,
+    -- The columns passed as arguments (NULL: every column).
+    columns         text[],
+    -- Also pass the row before the change as the argument "old" (NULL for an insert).
+    pass_old        boolean     NOT NULL DEFAULT false,
+    queue           text        NOT NULL DEFAULT 'default' CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,100}$'),
+    priority        integer     NOT NULL DEFAULT 0,
+    max_recoveries  integer     NOT NULL DEFAULT 5 CHECK (max_recoveries >= 0),
+    timeout_seconds double precision CHECK (timeout_seconds > 0 AND timeout_seconds <= 315360000),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- The trigger function of every binding. Its one argument is the binding as JSON (name, key, columns,
+-- pass_old, and "common": the execution's workflow name, queue, priority, max_recoveries, timeout), so
+-- firing reads no table. SECURITY DEFINER (owned by the engine's owner): the role that writes the bound
+-- table needs no rights on the engine's tables. Nobody but the engine's owner and worker roles may attach
+-- it to a table (EXECUTE is revoked from PUBLIC; PostgreSQL checks it when a trigger is created).
+--
+-- A change is identified by the binding, the row's primary key, the operation and the transaction (its id
+-- and start time: an id alone repeats after a dump and restore into a new cluster). That makes the
+-- execution id deterministic: a trigger that fires again for the same change finds its execution already
+-- there. A row changed again by the same operation in the same transaction is the same change: its
+-- execution, still uncommitted and unclaimed, gets the row's latest version (and keeps, as "old", the row
+-- as it was before the transaction's first change).
+CREATE FUNCTION table_binding_fire() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    binding constant jsonb := TG_ARGV[0]::jsonb;
+    changed jsonb;
+    arguments jsonb;
+    key_text text;
+    change text;
+    new_id text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        changed := to_jsonb(OLD);
+    ELSE
+        changed := to_jsonb(NEW);
+    END IF;
+    IF jsonb_typeof(binding -> 'columns') = 'array' THEN
+        SELECT coalesce(jsonb_object_agg(c.name, changed -> c.name), '{}') INTO arguments
+        FROM jsonb_array_elements_text(binding -> 'columns') AS c(name)
+        WHERE changed ? c.name;
+    ELSE
+        arguments := changed;
+    END IF;
+    IF (binding ->> 'pass_old')::boolean THEN
+        arguments := arguments || jsonb_build_object('old', to_jsonb(OLD));
+    END IF;
+    SELECT jsonb_agg(changed -> k.name ORDER BY k.n)::text INTO key_text
+    FROM jsonb_array_elements_text(binding -> 'key') WITH ORDINALITY AS k(name, n);
+    change := lower(left(TG_OP, 1)) || ':' || pg_current_xact_id()::text || '.'
+              || floor(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint::text;
+    new_id := format('bind:%s:%s:%s', binding ->> 'name', key_text, change);
+    IF length(new_id) > 200 THEN
+        new_id := format('bind:%s:md5=%s:%s', binding ->> 'name', md5(key_text), change);
+    END IF;
+    -- Only the fields a binding sets, whoever created the trigger and with whatever argument.
+    PERFORM FROM insert_executions_v1(
+        jsonb_build_array(jsonb_build_object('id', new_id, 'input', arguments)),
+        jsonb_build_object('name', binding -> 'common' -> 'name', 'queue', binding -> 'common' -> 'queue',
+                           'priority', binding -> 'common' -> 'priority',
+                           'max_recoveries', binding -> 'common' -> 'max_recoveries',
+                           'timeout_seconds', binding -> 'common' -> 'timeout_seconds'));
+    IF NOT FOUND THEN
+        -- The same change again: the latest row, and (with pass_old) the row as it was before the change.
+        UPDATE workflow_executions e
+        SET input = CASE WHEN (binding ->> 'pass_old')::boolean
+                         THEN arguments || jsonb_build_object('old', e.input -> 'old') ELSE arguments END,
+            updated_at = now()
+        WHERE e.id = new_id AND e.status = 'enqueued' AND e.attempt = 0;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Bind a table to a workflow: from now on (in this transaction, if it commits), every change of a row of
+-- ``target`` by one of ``operations`` for which ``when_condition`` holds enqueues ``workflow_name`` with
+-- the row's ``columns`` (all if NULL) as its arguments by name. Binding again under the same name replaces
+-- the binding (its trigger is re-created). Runs with the caller's rights: the caller needs the TRIGGER
+-- privilege on the table (its owner has it) and to be the engine's owner or a worker role. Returns the
+-- binding's name (by default "<table>:<workflow>", characters outside [A-Za-z0-9_.:-] made "_").
+--
+-- ``when_condition`` is SQL written by the developer, like a migration (never pass end users' input): it
+-- becomes the trigger's WHEN clause, which PostgreSQL parses and type-checks as one boolean expression.
+CREATE FUNCTION bind_table(
+    target          regclass,
+    workflow_name   text,
+    operations      text[]           DEFAULT '{insert}',
+    when_condition  text             DEFAULT NULL,
+    binding_name    text             DEFAULT NULL,
+    columns         text[]           DEFAULT NULL,
+    pass_old        boolean          DEFAULT false,
+    queue           text             DEFAULT 'default',
+    priority        integer          DEFAULT 0,
+    max_recoveries  integer          DEFAULT 5,
+    timeout_seconds double precision DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    fire constant regprocedure := to_regprocedure('table_binding_fire()');
+    relation_kind "char";
+    qualified text;
+    key_columns text[];
+    unknown text[];
+    ops text[];
+    binding text;
+    trigger_name text;
+    existing record;
+    config jsonb;
+BEGIN
+    IF target IS NULL THEN
+        RAISE EXCEPTION 'bind_table: target must name a table' USING ERRCODE = '22023';
+    END IF;
+    SELECT c.relkind, format('%I.%I', n.nspname, c.relname) INTO relation_kind, qualified
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target;
+    IF relation_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'bind_table: % is not a table', target USING ERRCODE = '42809';
+    END IF;
+    -- pgdurable's own tables: an execution's insert would fire the trigger that inserts it, and so on.
+    IF (SELECT c.relnamespace FROM pg_class c WHERE c.oid = target) = current_schema()::regnamespace THEN
+        RAISE EXCEPTION 'bind_table: % is one of pgdurable''s own tables', target USING ERRCODE = '42809';
+    END IF;
+    IF workflow_name IS NULL OR length(workflow_name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'bind_table: workflow_name must be 1 to 200 characters' USING ERRCODE = '22023';
+    END IF;
+    IF queue IS NULL OR queue !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN
+        RAISE EXCEPTION 'bind_table: queue % is not a valid queue name', quote_nullable(queue)
+            USING ERRCODE = '22023', HINT = '1 to 100 letters, digits, or _ . : -';
+    END IF;
+    IF priority IS NULL OR max_recoveries IS NULL OR max_recoveries < 0 THEN
+        RAISE EXCEPTION 'bind_table: priority must be given and max_recoveries must be >= 0'
+            USING ERRCODE = '22023';
+    END IF;
+    IF timeout_seconds IS NOT NULL AND NOT (timeout_seconds > 0 AND timeout_seconds <= 315360000) THEN
+        RAISE EXCEPTION 'bind_table: timeout_seconds % must be a finite number of seconds, > 0 and <= '
+                        '315360000 (10 years)', timeout_seconds
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- The primary key identifies the row of a change.
+    SELECT array_agg(a.attname::text ORDER BY k.n) INTO key_columns
+    FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = target AND i.indisprimary;
+    IF key_columns IS NULL THEN
+        RAISE EXCEPTION 'bind_table: table % has no primary key', target
+            USING ERRCODE = '55000',
+                  HINT = 'a binding identifies each change by the row''s primary key (it makes the execution '
+                         'id deterministic); add one';
+    END IF;
+
+    SELECT array_agg(DISTINCT lower(o)) INTO ops FROM unnest(operations) AS o;
+    IF ops IS NULL OR NOT ops <@ ARRAY['insert', 'update', 'delete'] THEN
+        RAISE EXCEPTION 'bind_table: operations must be a non-empty list of insert, update, delete, not %',
+                        coalesce(operations::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+
+    IF columns IS NOT NULL THEN
+        SELECT array_agg(c) INTO unknown FROM unnest(columns) AS c
+        WHERE c IS NULL OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = target AND a.attname = c
+                                                                    AND a.attnum > 0 AND NOT a.attisdropped);
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'bind_table: table % has no column(s) %', target, unknown USING ERRCODE = '42703';
+        END IF;
+    END IF;
+    IF pass_old AND (CASE WHEN columns IS NULL
+                          THEN EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = target AND a.attname = 'old'
+                                                                  AND a.attnum > 0 AND NOT a.attisdropped)
+                          ELSE 'old' = ANY (columns) END) THEN
+        RAISE EXCEPTION 'bind_table: table % has a column "old", which pass_old would overwrite', target
+            USING ERRCODE = '22023', HINT = 'pass the columns without "old", or do not pass the old row';
+    END IF;
+
+    -- A cheap guard against a WHEN clause that smuggles in a second statement. The clause is also set on
+    -- lines of its own, so a trailing comment cannot swallow the rest of the statement, and the trigger
+    -- is checked below to run table_binding_fire.
+    IF position(';' IN coalesce(when_condition, '')) > 0 THEN
+        RAISE EXCEPTION 'bind_table: the when condition must be one SQL expression, without ";"'
+            USING ERRCODE = '42601';
+    END IF;
+    IF when_condition IS NOT NULL AND btrim(when_condition) = '' THEN
+        when_condition := NULL;
+    END IF;
+
+    binding := coalesce(binding_name,
+                        left(regexp_replace((SELECT c.relname FROM pg_class c WHERE c.oid = target) || ':'
+                                            || workflow_name, '[^A-Za-z0-9_.:-]', '_', 'g'), 50));
+    IF binding !~ '^[A-Za-z0-9_.:-]{1,50}$' THEN
+        RAISE EXCEPTION 'bind_table: binding name % is not valid', quote_nullable(binding)
+            USING ERRCODE = '22023', HINT = '1 to 50 letters, digits, or _ . : -';
+    END IF;
+    trigger_name := 'pgdurable:' || binding;
+
+    -- Binding again replaces the binding on the same table; a name bound to another table is refused.
+    FOR existing IN SELECT t.tgrelid FROM pg_trigger t WHERE t.tgname = trigger_name AND t.tgfoid = fire LOOP
+        IF existing.tgrelid <> target THEN
+            RAISE EXCEPTION 'bind_table: binding % already binds table %', binding, existing.tgrelid::regclass
+                USING ERRCODE = '42710', HINT = 'unbind it first, or choose another binding name';
+        END IF;
+        EXECUTE format('DROP TRIGGER %I ON %s', trigger_name, target);
+    END LOOP;
+
+    config := jsonb_build_object(
+        'name', binding, 'key', to_jsonb(key_columns), 'columns', to_jsonb(columns), 'pass_old', pass_old,
+        'common', jsonb_build_object('name', workflow_name, 'queue', queue, 'priority', priority,
+                                     'max_recoveries', max_recoveries, 'timeout_seconds', timeout_seconds));
+    EXECUTE format(E'CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW %s EXECUTE FUNCTION %I.table_binding_fire(%L)',
+                   trigger_name, array_to_string(ARRAY(SELECT upper(o) FROM unnest(ops) AS o ORDER BY o), ' OR '),
+                   target, CASE WHEN when_condition IS NOT NULL THEN E'WHEN (\n' || when_condition || E'\n)' ELSE '' END,
+                   current_schema(), config::text);
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = target AND t.tgname = trigger_name AND t.tgfoid = fire) THEN
+        RAISE EXCEPTION 'bind_table: the when condition changed the trigger''s definition: %', when_condition
+            USING ERRCODE = '42601';
+    END IF;
+
+    INSERT INTO table_bindings AS b (name, relation, workflow_name, operations, when_condition, key_columns, columns,
+                                     pass_old, queue, priority, max_recoveries, timeout_seconds)
+    VALUES (binding, qualified, workflow_name, ops, when_condition, key_columns, columns, pass_old, queue,
+            priority, max_recoveries, timeout_seconds)
+    ON CONFLICT (name) DO UPDATE
+    SET relation = EXCLUDED.relation, workflow_name = EXCLUDED.workflow_name, operations = EXCLUDED.operations,
+        when_condition = EXCLUDED.when_condition, key_columns = EXCLUDED.key_columns, columns = EXCLUDED.columns,
+        pass_old = EXCLUDED.pass_old, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+        max_recoveries = EXCLUDED.max_recoveries, timeout_seconds = EXCLUDED.timeout_seconds, updated_at = now();
+    RETURN binding;
+END;
+$$;
+
+-- Remove a binding: drop its trigger (the caller must own the table) and its row. True if either existed.
+-- Executions it already enqueued are left alone.
+CREATE FUNCTION unbind_table(binding_name text) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    fire constant regprocedure := to_regprocedure('table_binding_fire()');
+    installed record;
+    found_any boolean := false;
+BEGIN
+    FOR installed IN SELECT t.tgrelid, t.tgname FROM pg_trigger t
+                     WHERE t.tgname = 'pgdurable:' || binding_name AND t.tgfoid = fire LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', installed.tgname, installed.tgrelid::regclass);
+        found_any := true;
+    END LOOP;
+    DELETE FROM table_bindings b WHERE b.name = binding_name;
+    RETURN found_any OR FOUND;
+END;
+$$;
+
+-- Every binding, with the table its trigger is on now (NULL: the trigger is gone, e.g. the table was
+-- dropped; bind again or unbind).
+CREATE FUNCTION list_table_bindings()
+RETURNS TABLE (name text, relation text, workflow_name text, operations text[], when_condition text,
+               key_columns text[], columns text[], pass_old boolean, queue text, priority integer,
+               max_recoveries integer, timeout_seconds double precision, installed_on text,
+               created_at timestamptz, updated_at timestamptz)
+LANGUAGE sql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT b.name, b.relation, b.workflow_name, b.operations, b.when_condition, b.key_columns, b.columns,
+           b.pass_old, b.queue, b.priority, b.max_recoveries, b.timeout_seconds,
+           (SELECT t.tgrelid::regclass::text FROM pg_trigger t
+            WHERE t.tgname = 'pgdurable:' || b.name AND t.tgfoid = to_regprocedure('table_binding_fire()')
+            LIMIT 1),
+           b.created_at, b.updated_at
+    FROM table_bindings b
+    ORDER BY b.name;
+$$;
+
+-- Re-create the trigger of every binding whose trigger is gone while its table exists (the table was
+-- dropped and created again, or restored without its triggers), from its record. Returns their names.
+CREATE FUNCTION restore_table_bindings() RETURNS SETOF text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    missing record;
+BEGIN
+    FOR missing IN SELECT l.* FROM list_table_bindings() l
+                   WHERE l.installed_on IS NULL AND to_regclass(l.relation) IS NOT NULL
+                   ORDER BY l.name LOOP
+        RETURN NEXT bind_table(missing.relation::regclass, missing.workflow_name, missing.operations,
+                               missing.when_condition, missing.name, missing.columns, missing.pass_old,
+                               missing.queue, missing.priority, missing.max_recoveries, missing.timeout_seconds);
+    END LOOP;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION table_binding_fire(), bind_table(regclass, text, text[], text, text, text[], boolean, text,
+                                                        integer, integer, double precision),
+                       unbind_table(text), list_table_bindings(), restore_table_bindings()
+    FROM PUBLIC;
+
+-- == Versions ==========================================================================================
+
+-- Every application version with unfinished executions or a live worker: its unfinished executions by
+-- status (parked ones apart from the other waiting ones) and its live workers.
+CREATE FUNCTION app_versions()
+RETURNS TABLE (app_version text, enqueued bigint, waiting bigint, running bigint, parked bigint,
+               live_workers bigint)
+LANGUAGE sql
+STABLE
+SET search_path FROM CURRENT
+AS $$
+    WITH unfinished AS (
+        SELECT e.app_version,
+               count(*) FILTER (WHERE e.status = 'enqueued') AS enqueued,
+               count(*) FILTER (WHERE e.status = 'waiting' AND e.wait_reason IS DISTINCT FROM 'parked') AS waiting,
+               count(*) FILTER (WHERE e.status = 'running') AS running,
+               count(*) FILTER (WHERE e.status = 'waiting' AND e.wait_reason = 'parked') AS parked
+        FROM workflow_executions e
+        WHERE e.status IN ('enqueued', 'waiting', 'running') AND e.app_version IS NOT NULL
+        GROUP BY e.app_version
+    ), live AS (
+        SELECT w.app_version, count(*) AS live_workers
+        FROM workers w
+        WHERE w.app_version IS NOT NULL AND worker_alive(w.heartbeat_at, w.lease_seconds)
+        GROUP BY w.app_version
+    )
+    SELECT coalesce(u.app_version, l.app_version), coalesce(u.enqueued, 0), coalesce(u.waiting, 0),
+           coalesce(u.running, 0), coalesce(u.parked, 0), coalesce(l.live_workers, 0)
+    FROM unfinished u FULL JOIN live l ON l.app_version = u.app_version
+    ORDER BY 1;
+$$;
+
+-- Move the unfinished executions of version old_version to new_version (the workers of new_version resume
+-- them), re-enqueueing the parked ones. Running ones keep their owner until that attempt ends: they move
+-- too, and the next claim is new_version's. With old_version = new_version, only re-enqueue its parked
+-- ones (after a fix deployed under the same, pinned, version). Returns how many executions changed.
+CREATE FUNCTION migrate_app_version(old_version text, new_version text) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    moved bigint;
+BEGIN
+    IF old_version IS NULL OR new_version IS NULL OR new_version = '' THEN
+        RAISE EXCEPTION 'migrate_app_version: both versions must be given (got % and %)', old_version, new_version
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE workflow_executions e
+    SET app_version = new_version,
+        status = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN 'enqueued' ELSE e.status END,
+        available_at = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN now() ELSE e.available_at END,
+        parked_reason = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN NULL ELSE e.parked_reason END,
+        wait_reason = CASE WHEN e.wait_reason = 'parked' AND e.status = 'waiting' THEN NULL ELSE e.wait_reason END,
+        updated_at = now()
+    WHERE e.app_version = old_version AND e.status IN ('enqueued', 'waiting', 'running')
+      AND (old_version <> new_version OR (e.status = 'waiting' AND e.wait_reason = 'parked'));
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+
 -- == Roles and grants ==================================================================================
 -- Least privilege: an application role may only enqueue, read status, cancel, send messages and read
 -- events through the SQL API functions (no table access); a worker role runs workflows and is trusted with
@@ -1201,6 +1714,8 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        checkpoint_step(text, integer, integer, text, jsonb, jsonb, integer, timestamptz),
                        set_queue_policy(text, integer, integer, integer, double precision, integer),
                        claim_with_policy(text, text[], text, double precision, integer, text),
+                       claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
+                       app_versions(), migrate_app_version(text, text),
                        clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()

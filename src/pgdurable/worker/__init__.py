@@ -190,7 +190,13 @@ class Worker:
             await self._run(store.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
                 workflows=self.names, concurrency=self.concurrency, version=self.version,
-                lease=self.settings.lease_seconds))
+                adopt=self.settings.adopt_after_seconds, lease=self.settings.lease_seconds))
+            # Parked executions of this version (their history did not replay on another version's code)
+            # resume here: rolling a deploy back un-parks them.
+            unparked = await self._run(store.unpark(version=self.version, names=self.names))
+            if unparked:
+                log.info("worker %s: re-enqueued %d parked executions of version %s", self.id, unparked,
+                         self.version)
             self.scheduler = Scheduler(self.app, self._pool, self.id)
             services = {"listen": self.listener.run(), "timer": self.timer.run(),
                         "schedules": self.scheduler.run(), "policies": self.policy_refresh.run(),

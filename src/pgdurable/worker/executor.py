@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import failures, store
 from ..batcher import Completion, WriteBatcher
 from ..context import ExecutionContext
-from ..errors import LeaseLost, SerializationError
+from ..errors import LeaseLost, NonDeterminismError, SerializationError
 from ..primitives import Suspended
 from ..runtime import Runtime
 
@@ -122,10 +122,13 @@ class Executor:
                 raise LookupError(f"workflow {claimed.name!r} is not registered in this process")
             try:
                 value = await self._call(workflow, context, claimed.input)
-                status, output, error = "succeeded", self.runtime.serializer.dumps(value), None
+                if context.replay_mismatch() is None:
+                    status, output, error = "succeeded", self.runtime.serializer.dumps(value), None
             except Suspended:
                 outcome = "suspended"
                 return  # waiting in the database now; a worker claims it again when it is woken
+            except NonDeterminismError:
+                pass  # parked below
             except (LeaseLost, asyncio.CancelledError):
                 if context.lost:
                     log.info("execution %s attempt %d: stopped, no longer owned", claimed.id, claimed.attempt)
@@ -134,7 +137,12 @@ class Executor:
             except Exception as exc:
                 if context.lost:
                     return
-                status, output, error = "failed", None, failures.encode(exc)
+                if context.replay_mismatch() is None:
+                    status, output, error = "failed", None, failures.encode(exc)
+            if context.mismatch is not None:
+                outcome = "parked"
+                await self._park(claimed, context.mismatch)
+                return
             assert self.batcher is not None
             completion = Completion(claimed.id, claimed.attempt, status, output, error)
             try:
@@ -161,6 +169,16 @@ class Executor:
             if self.running.get(claimed.id) is running:
                 del self.running[claimed.id]
             self._on_free()
+
+    async def _park(self, claimed: store.Claimed, reason: str) -> None:
+        """The history does not replay on this code: park the execution, writing nothing else, for a worker of
+        the version that recorded it (or an explicit ``pgdurable versions migrate``)."""
+        assert self.batcher is not None
+        previous = claimed.previous_version
+        if await self.batcher.run(store.park(id=claimed.id, attempt=claimed.attempt, reason=reason,
+                                             previous=previous)):
+            log.warning("execution %s: parked, its history does not replay on version %s (%s); a worker of "
+                        "version %s resumes it", claimed.id, self.runtime.version, reason, previous or "?")
 
     async def _call(self, workflow: Workflow[Any, Any], context: ExecutionContext, input_text: str) -> Any:
         args, kwargs = workflow.signature.decode_input(self.runtime.serializer, input_text)

@@ -131,7 +131,8 @@ class Producer:
                 try:
                     claimed = await self._run(claim(
                         queue=self.queue, names=self.names, owner=self.worker_id,
-                        lease=self.settings.lease_seconds, limit=limit, version=self.version))
+                        lease=self.settings.lease_seconds, limit=limit, version=self.version,
+                        adopt=self.settings.adopt_after_seconds))
                 except psycopg.OperationalError as exc:
                     # A lost connection (server restart, terminated backend): the pool drops it, and others
                     # it holds may be dead too. Retry soon, backing off while the server stays away.

@@ -36,6 +36,7 @@ waiting AS (
            count(*) FILTER (WHERE wait_reason = 'sleep') AS sleep,
            count(*) FILTER (WHERE starts_with(wait_reason, 'recv:')) AS recv,
            count(*) FILTER (WHERE wait_reason = 'children') AS children,
+           count(*) FILTER (WHERE wait_reason = 'parked') AS parked,
            count(*) FILTER (WHERE available_at < now() - make_interval(secs => %(stale)s)) AS overdue
     FROM workflow_executions
     WHERE status = 'waiting'
@@ -56,7 +57,7 @@ SELECT n.queue, coalesce(e.ready, 0) AS ready, coalesce(e.delayed, 0) AS delayed
        (extract(epoch FROM now()) - extract(epoch FROM e.oldest_ready))::float8 AS oldest_ready_seconds,
        coalesce(s.workers, 0) AS live_workers, coalesce(w.waiting, 0) AS waiting,
        coalesce(w.delay, 0) AS delay, coalesce(w.sleep, 0) AS sleep, coalesce(w.recv, 0) AS recv,
-       coalesce(w.children, 0) AS children, coalesce(w.overdue, 0) AS overdue
+       coalesce(w.children, 0) AS children, coalesce(w.parked, 0) AS parked, coalesce(w.overdue, 0) AS overdue
 FROM names n
 LEFT JOIN enqueued e USING (queue)
 LEFT JOIN running r USING (queue)

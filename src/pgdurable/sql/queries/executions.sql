@@ -82,19 +82,25 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- fresh lease and a new attempt number (the fencing token). Equality on the queue lets the scan follow
 -- workflow_executions_claim_idx in order and stop after LIMIT rows, however long the backlog is.
 -- SKIP LOCKED lets concurrent workers claim different rows. An execution started by another application
--- version is left to workers of that version; the first claim stamps ours, and fixes the deadline of an
--- execution with a timeout. Availability, deadlines and the time returned (the start of durable timers)
+-- version is left to workers of that version, unless this worker adopts (%(adopt)s seconds, NULL: never)
+-- and no worker of it heartbeated for that long (see "adoption" below); the claim stamps our version (and
+-- returns the one it had), and the first claim fixes the deadline of an execution with a timeout. Availability, deadlines and the time returned (the start of durable timers)
 -- are on clock_now(), which tests can move (read once, in the CTE clock).
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), picked AS (
-    SELECT id
+    SELECT id, app_version AS previous_version
     FROM workflow_executions
     WHERE status = 'enqueued'
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
       AND available_at <= (SELECT now FROM clock)
-      AND (app_version IS NULL OR app_version = %(version)s)
+      AND (app_version IS NULL OR app_version = %(version)s
+           -- adoption: one hashed subplan per statement, over the few live workers (heartbeats are on now())
+           OR (%(adopt)s::float8 IS NOT NULL
+               AND app_version NOT IN (SELECT w.app_version FROM workers w
+                                       WHERE w.app_version IS NOT NULL
+                                         AND w.heartbeat_at > now() - make_interval(secs => %(adopt)s::float8))))
     ORDER BY priority, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -116,11 +122,12 @@ SET status = 'running',
 FROM picked, clock
 WHERE e.id = picked.id
 RETURNING e.id, e.name, e.attempt, e.input, clock.now AS db_now,
-          e.attempt > 1 OR e.forked_from IS NOT NULL AS has_history;
+          e.attempt > 1 OR e.forked_from IS NOT NULL AS has_history, picked.previous_version;
 
 -- name: claim_with_policy
 -- The claim of a queue with a policy (concurrency, rate or per-key limits): see the SQL function.
-SELECT * FROM claim_with_policy(%(queue)s, %(names)s, %(owner)s, %(lease)s, %(limit)s, %(version)s);
+SELECT * FROM claim_with_policy_v2(%(queue)s, %(names)s, %(owner)s, %(lease)s, %(limit)s, %(version)s,
+                                   %(adopt)s::float8);
 
 -- name: queue_policies
 SELECT name, concurrency, worker_concurrency, rate_limit, rate_period_seconds, key_concurrency
@@ -253,7 +260,7 @@ RETURNING e.id, e.name;
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
        wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key,
-       tags, debounce_key
+       tags, debounce_key, parked_reason
 FROM workflow_executions
 WHERE id = %(id)s;
 
@@ -264,7 +271,7 @@ SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
        wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key,
-       tags, debounce_key
+       tags, debounce_key, parked_reason
 FROM workflow_executions
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)

@@ -281,3 +281,29 @@ WHERE execution_id = %(id)s
 GROUP BY key
 ORDER BY key
 LIMIT %(limit)s;
+
+-- name: park
+-- An execution whose recorded history this worker's code does not replay: out of the claim index and of
+-- the timer's reach (waiting, available_at NULL) until a worker of the version that recorded it starts or
+-- its version is migrated; fenced like a completion. It goes back to %(previous)s (the version it had
+-- before this attempt's claim, if any). Nothing else is written: no step, no output.
+UPDATE workflow_executions
+SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = 'parked', available_at = NULL,
+    parked_reason = %(reason)s, app_version = coalesce(%(previous)s, app_version), updated_at = now()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+RETURNING id;
+
+-- name: unpark
+-- A worker starting: re-enqueue the parked executions of its version that it knows (through the timer's
+-- index: parked rows are the waiting ones with no wake-up time).
+UPDATE workflow_executions
+SET status = 'enqueued', wait_reason = NULL, parked_reason = NULL, available_at = now(), updated_at = now()
+WHERE status = 'waiting' AND available_at IS NULL AND wait_reason = 'parked'
+  AND app_version = %(version)s AND name = ANY (%(names)s)
+RETURNING id;
+
+-- name: app_versions
+SELECT app_version, enqueued, waiting, running, parked, live_workers FROM app_versions();
+
+-- name: migrate_app_version
+SELECT migrate_app_version(%(old)s, %(new)s);

@@ -1,8 +1,10 @@
 -- Named queries on the worker registry.
 
 -- name: register_worker
-INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency, app_version, lease_seconds)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s, %(version)s, %(lease)s)
+INSERT INTO workers (id, hostname, pid, queues, workflows, concurrency, app_version, adopt_after_seconds,
+                     lease_seconds)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(workflows)s, %(concurrency)s, %(version)s, %(adopt)s,
+        %(lease)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
 
 -- name: worker_heartbeat
