@@ -220,6 +220,10 @@ async def _every_call_async(app: pgdurable.App, flow: Any, leaf: Any) -> None:
 
     assert await app.cleanup_async(3600) == 0
     assert await app.migrate_async() == []
+    assert [v.app_version for v in await app.versions_async()] == [app.version]
+    assert await app.migrate_version_async("no-such-version", app.version) == 0
+    assert await app.bindings_async() == [] and await app.restore_bindings_async() == []
+    assert await app.unbind_table_async("no-such-binding") is False
 
 
 # ---- 5. arguments are checked at enqueue ---------------------------------------------------------------------
@@ -281,7 +285,7 @@ def test_help_shows_the_metrics_extra_and_no_bool_on_flags() -> None:
     commands = [["worker"], ["migrate"], ["database-url"], ["workers"], ["status"], ["cleanup"], ["dashboard"],
                 ["demo"], ["workflows", "list"], ["workflows", "show"], ["workflows", "fork"], ["workflows", "send"],
                 ["workflows", "cancel"], ["workflows", "resume"], ["queues", "list"], ["queues", "set"],
-                ["schedules", "list"], ["workflows"], []]
+                ["schedules", "list"], ["versions"], ["bindings", "list"], ["workflows"], []]
     for command in commands:
         shown = runner.invoke(cli, [*command, "--help"], terminal_width=200)
         assert shown.exit_code == 0, (command, shown.output)
