@@ -11,11 +11,13 @@ name or fails loudly (an unknown field), instead of silently shifting the fields
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -23,7 +25,7 @@ from psycopg import sql
 from psycopg.rows import BaseRowFactory, class_row, dict_row
 
 from .errors import SchemaNotInstalled
-from .sqlfiles import query
+from .sqlfiles import query, schema_sql
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -80,13 +82,41 @@ def remember_schema(conn: Any, schema: str) -> None:
 
 @contextmanager
 def _schema_errors(conn: Any, call: Call[Any]) -> Iterator[None]:
-    """Every statement here is pgdurable's own: a missing relation, function or schema means pgdurable is not
-    installed (or out of date) there, which deserves a message saying what to run, not libpq's."""
+    """A relation, function or schema of pgdurable's own that is missing means pgdurable is not installed (or
+    is out of date) there, which deserves a message saying what to run, not libpq's. (A missing object of the
+    application's, as a table binding may name, is the application's error: it goes through unchanged.)"""
     try:
         yield
     except _MISSING as exc:
+        schema = call.schema or _schemas.get(conn)
         detail = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise SchemaNotInstalled(call.schema or _schemas.get(conn), detail) from exc
+        if not _names_own_object(detail, schema):
+            raise
+        raise SchemaNotInstalled(schema, detail) from exc
+
+
+_MISSING_SCHEMA = re.compile(r'schema "(?P<name>[^"]+)" does not exist')
+_MISSING_OBJECT = re.compile(r'(?:relation "(?P<relation>[^"]+)"|function (?P<function>[\w."]+)\()')
+
+
+def _names_own_object(detail: str, schema: str | None) -> bool:
+    """Whether an undefined-object error names our schema, or a table, view or function of pgdurable's (bare,
+    or in our schema)."""
+    found = _MISSING_SCHEMA.search(detail)
+    if found:
+        return schema is None or found.group("name") == schema
+    found = _MISSING_OBJECT.search(detail)
+    if not found:
+        return False
+    qualifier, _, name = (found.group("relation") or found.group("function")).replace('"', "").rpartition(".")
+    return name in own_objects() and (not qualifier or schema is None or qualifier == schema)
+
+
+@lru_cache(maxsize=1)
+def own_objects() -> frozenset[str]:
+    """The names of pgdurable's tables, views and functions (from sql/schema.sql)."""
+    return frozenset(re.findall(r"^CREATE (?:OR REPLACE )?(?:TABLE|VIEW|FUNCTION) (?:IF NOT EXISTS )?(\w+)",
+                                schema_sql(), re.MULTILINE)) | {"schema_migrations"}  # made by migrations.py
 
 
 # ---- rows -------------------------------------------------------------------------------------------------

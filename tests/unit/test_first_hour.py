@@ -244,3 +244,21 @@ def test_the_next_start_forgets_users_of_the_embedded_server_that_were_killed(tm
     users.write_text(json.dumps([gone.pid, os.getpid()]))
     assert forget_dead_users(tmp_path) == [os.getpid()]
     assert json.loads(users.read_text()) == [os.getpid()]  # so this process, exiting last, stops the server
+
+
+@pytest.mark.parametrize(("detail", "schema", "ours"), [
+    ('relation "workflow_executions" does not exist', "shop", True),
+    ('relation "shop.workers" does not exist', "shop", True),
+    ('schema "shop" does not exist', "shop", True),
+    ("function shop.enqueue_workflow(unknown, jsonb) does not exist", "shop", True),
+    ('column "lease_seconds" of relation "workers" does not exist', "shop", True),
+    ('relation "billing.invoices" does not exist', "shop", False),  # the application's own table
+    ('relation "invoices" does not exist', "shop", False),
+    ('relation "other.workers" does not exist', "shop", False),  # another schema's
+    ('schema "billing" does not exist', "shop", False),
+    ("column new.nope does not exist", "shop", False),  # a table binding's condition
+])
+def test_only_missing_objects_of_pgdurable_mean_it_is_not_installed(detail: str, schema: str, ours: bool) -> None:
+    from pgdurable import store
+
+    assert store._names_own_object(detail, schema) is ours
