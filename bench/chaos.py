@@ -428,7 +428,8 @@ class Item:
 
 # Kinds of the mixed workload, by weight.
 MIX = {"plain": 30, "plain_async": 15, "transfer": 20, "transfer_async": 8, "doomed": 8, "sleeper": 6,
-       "sleeper_async": 4, "receiver": 4, "receiver_async": 2, "parent": 2, "parent_async": 1}
+       "timed": 2, "timed_async": 2, "sleeper_async": 4, "receiver": 4, "receiver_async": 2, "parent": 2,
+       "parent_async": 1}
 FAILING_MIX = {"plain": 20, "plain_async": 10, "transfer": 12, "transfer_async": 8, "doomed": 35, "sleeper": 4,
                "sleeper_async": 2, "receiver": 3, "receiver_async": 2, "parent": 3, "parent_async": 1}
 # No receivers in the burst: the client would have to send tens of thousands of messages meanwhile.
@@ -479,6 +480,9 @@ def make_items(rng: random.Random, label: str, start: int, count: int, mix: dict
         elif kind == "plain_async":
             items.append(Item(wid, kind, {"n": i, "pause": pause}, "succeeded", chaos_app.expected_plain_async(i),
                               history=("chaos.afetch", "chaos.acompute", "chaos.astore")))
+        elif kind in ("timed", "timed_async"):  # a step past its timeout once per process, then retried
+            items.append(Item(wid, kind, {"n": i, "pause": pause}, "succeeded", chaos_app.expected_timed(i),
+                              history=("chaos.atimed",) if kind == "timed_async" else ("chaos.timed",)))
         elif kind in ("transfer", "transfer_async"):
             source, target = rng.sample(range(ACCOUNTS), 2)
             items.append(_transfer(wid, kind, source, target, rng.randint(1, 100), pause))

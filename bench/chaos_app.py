@@ -67,6 +67,11 @@ RECV_TIMEOUT = 120.0
 FOREVER_TIMEOUT = 3.0
 # How long a hung sync step blocks: for all practical purposes, forever (Python cannot kill a thread).
 HANG_SECONDS = 3600.0
+# chaos.timed / chaos.timed_async: a step with this timeout whose first attempt in each worker process hangs
+# for TIMED_HANG_SECONDS (past it), so every such workflow recovers through a StepTimeout and a retry.
+TIMED_STEP_TIMEOUT = 0.2
+TIMED_HANG_SECONDS = 2.0
+_hung_once: set[str | None] = set()
 
 
 class ChaosError(Exception):
@@ -94,6 +99,18 @@ def expected_plain(n: int) -> int:
 
 def expected_plain_async(n: int) -> int:
     return ((n + 5) * 3) - 1
+
+
+def expected_timed(n: int) -> int:
+    return n * 3
+
+
+def _first_attempt_here() -> bool:
+    """True the first time this process runs the calling workflow's timed step (then it hangs)."""
+    workflow_id = pgdurable.current_workflow_id()
+    first = workflow_id not in _hung_once
+    _hung_once.add(workflow_id)
+    return first
 
 
 def expected_transfer(transfer_id: str, source: int, target: int, amount: int) -> str:
@@ -456,7 +473,34 @@ def define(app: pgdurable.App) -> SimpleNamespace:
     async def hang_async(n: int, pause: float = 0.0) -> int:
         return int(await ablock(await afetch(n, pause)))
 
-    return SimpleNamespace(plain=plain, plain_async=plain_async, transfer=transfer, transfer_async=transfer_async,
+    # -- steps past their timeout: abandoned (sync) or cancelled (async), then retried ---------------------
+
+    @app.step(name="chaos.timed", timeout=TIMED_STEP_TIMEOUT, max_attempts=5, interval=0)
+    def timed_call(n: int) -> int:
+        _trace("chaos.timed")
+        if _first_attempt_here():
+            time.sleep(TIMED_HANG_SECONDS)  # its thread is abandoned at the timeout; its result is ignored
+        return expected_timed(n)
+
+    @app.workflow(name="chaos.timed", max_recoveries=MAX_RECOVERIES)
+    def timed(n: int, pause: float = 0.0) -> int:
+        time.sleep(random.uniform(0, pause))
+        return int(timed_call(n))
+
+    @app.step(name="chaos.atimed", timeout=TIMED_STEP_TIMEOUT, max_attempts=5, interval=0)
+    async def atimed_call(n: int) -> int:
+        _trace("chaos.atimed")
+        if _first_attempt_here():
+            await asyncio.sleep(TIMED_HANG_SECONDS)  # cancelled at the timeout
+        return expected_timed(n)
+
+    @app.workflow(name="chaos.timed_async", max_recoveries=MAX_RECOVERIES)
+    async def timed_async(n: int, pause: float = 0.0) -> int:
+        await asyncio.sleep(random.uniform(0, pause))
+        return int(await atimed_call(n))
+
+    return SimpleNamespace(timed=timed, timed_async=timed_async,
+                           plain=plain, plain_async=plain_async, transfer=transfer, transfer_async=transfer_async,
                            doomed=doomed, sleeper=sleeper, sleeper_async=sleeper_async, receiver=receiver,
                            receiver_async=receiver_async, parent=parent, parent_async=parent_async,
                            forever=forever, forever_async=forever_async, forever_parent=forever_parent,

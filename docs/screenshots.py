@@ -1,4 +1,4 @@
-"""Make the README's dashboard screenshots from the real dashboard in headless Chromium.
+"""Make the dashboard screenshots of docs/operations.md from the real dashboard in headless Chromium.
 
     PGDURABLE_DATABASE_URL=postgresql://... python docs/screenshots.py [OUTPUT_DIR]
 

@@ -1,4 +1,4 @@
-"""A small checkout workflow. Run a worker and enqueue an order:
+"""A small checkout workflow. Run a worker and enqueue an order (docs/concepts.md shows this file):
 
     pgdurable worker examples.checkout:app &
     python -m examples.checkout 42
@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import random
 import sys
 from dataclasses import dataclass
 from decimal import Decimal
@@ -27,9 +26,15 @@ class CardDeclined(Exception):
     pass
 
 
+_attempted: set[int] = set()
+
+
 @app.step(max_attempts=5, interval=0.2, backoff=2.0, no_retry=(CardDeclined,))
 def charge(order_id: int, amount: Decimal) -> str:
-    if random.random() < 0.3:  # a flaky payment gateway: retried with backoff
+    if amount <= 0:
+        raise CardDeclined(f"nothing to charge for order {order_id}")  # not retried: in no_retry
+    if order_id not in _attempted:  # a flaky payment gateway: the first try times out, the retry succeeds
+        _attempted.add(order_id)
         raise ConnectionError("gateway timeout")
     return f"payment-{order_id}"
 

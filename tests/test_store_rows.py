@@ -4,13 +4,14 @@ named after its fields, so a column added to or moved in a query cannot silently
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
-from pgdurable import store
+from pgdurable import monitoring, schedules, store
 
 
 def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
@@ -27,7 +28,64 @@ def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
         (store.queue_policies(None), store.QueuePolicy),
         (store.list_messages("rows-1"), store.Message),
         (store.list_events("rows-1"), store.Event),
+        # The dashboard's and status's read models, and the schedules.
+        (store.queue_depths(), store.QueueDepth),
+        (store.sweep_expired(), store.Swept),
+        (store.fail_unrunnable(3600), store.Named),
+        (monitoring.workers(), monitoring.WorkerInfo),
+        (monitoring.unrunnable(), monitoring.Unrunnable),
+        (monitoring.list_page(monitoring.ListFilter()), monitoring.ListedExecution),
+        (monitoring.list_page(monitoring.ListFilter(), older_than=(_T, "x")), monitoring.ListedExecution),
+        (monitoring.list_page(monitoring.ListFilter(), newer_than=(_T, "x")), monitoring.ListedExecution),
+        (monitoring.execution_input("rows-1"), monitoring.Payload),
+        (monitoring.children("rows-1"), monitoring.Child),
+        (monitoring.schedules(), monitoring.ScheduleInfo),
+        (monitoring.tables("public"), monitoring.TableStats),
+        (monitoring.server(), monitoring.ServerInfo),
+        (schedules.get_schedule("s"), schedules.Schedule),
+        (schedules.list_schedules(), schedules.Schedule),
+        (schedules.lock_schedule("s"), schedules.LockedSchedule),
+        (schedules.lock_due_schedules(1), schedules.DueSchedule),
+        (schedules.squatted_ticks("[]"), schedules.SquattedTick),
     ]
+
+
+def _dict_calls() -> list[tuple[store.Call[Any], set[str]]]:
+    """Calls read as dicts, with the columns their readers use."""
+    return [
+        (store.wake_due(), {"woken", "next_due", "now"}),
+        (store.receive(id="rows-1", attempt=1, topic="t", step_id=1, step_name="recv", started_at=_T),
+         {"owned", "wakeups", "found", "message"}),
+        (store.awaited_status(id="rows-1", attempt=1, ids=["rows-1"]),
+         {"wakeups", "id", "status", "output", "error", "is_child"}),
+        (store.fork(source="nobody", id="rows-fork", from_step=0), {"id", "name", "copied"}),
+        (monitoring.queues(), {"queue", "ready", "delayed", "running", "stale", "oldest_ready_seconds",
+                               "live_workers", "waiting", "overdue", *monitoring.WAIT_KINDS}),
+        (monitoring.outcomes(), {"ago", "status", "n"}),
+        (monitoring.execution("rows-1"), {"fields", "output", "output_size", "error", "parent_name",
+                                          "parent_status"}),
+        (monitoring.steps("rows-1"), {"fields", "output", "output_size", "error"}),
+        (monitoring.children_counts("rows-1"), {"status", "n"}),
+        (monitoring.message_counts("rows-1"), {"total", "pending"}),
+        (monitoring.messages("rows-1"), {"id", "topic", "text", "size", "idempotency_key", "created_at",
+                                         "consumed_at", "consumed_by_step"}),
+        (monitoring.events_latest("rows-1"), {"key", "step_id", "text", "size", "created_at", "versions"}),
+        (monitoring.events_history("rows-1"), {"key", "step_id", "text", "size", "created_at"}),
+    ]
+
+
+_T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_rows_read_as_dicts_have_the_columns_their_readers_use(db: psycopg.Connection[Any]) -> None:
+    for call, used in _dict_calls():
+        assert call.row_factory is dict_row, call.name
+        with db.cursor() as cur:
+            cur.execute(store._statement(call), call.params)
+            assert cur.description is not None
+            columns = [column.name for column in cur.description]
+        assert len(columns) == len(set(columns)), (call.name, columns)
+        assert used <= set(columns), f"{call.name}: columns {sorted(used - set(columns))} missing from {columns}"
 
 
 def test_named_rows_match_their_dataclasses(db: psycopg.Connection[Any]) -> None:

@@ -4,10 +4,11 @@ takes the App from the test's marker or from a pgdurable_app fixture, and says w
 from __future__ import annotations
 
 import os
+import tomllib
 
 import pytest
 
-from tests.conftest import CHILD_PYTHONPATH
+from tests.conftest import CHILD_PYTHONPATH, REPO
 
 pytest_plugins = ["pytester"]
 
@@ -87,3 +88,18 @@ def test_needs_an_app(pgdurable_harness):
     result = _run(project)
     result.stdout.fnmatch_lines(["*pgdurable_harness needs an App*"])
     assert result.ret != 0
+
+
+def test_the_declared_entry_point_loads_the_plugin_alone_or_beside_p(project: pytest.Pytester) -> None:
+    # As an install registers it: pyproject's pytest11 entry point, in a dist-info on the path.
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    info = project.mkdir("site") / "pgdurable_entry-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pgdurable-entry\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    os.environ["PYTHONPATH"] += os.pathsep + str(project.path / "site")  # (monkeypatched: restored after)
+    alone = project.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")
+    alone.stdout.fnmatch_lines(["pgdurable_harness -- *pytest_plugin.py*"])
+    beside = _run(project, "--fixtures")  # -p with the same module: no "already registered" error
+    beside.stdout.fnmatch_lines(["pgdurable_harness -- *pytest_plugin.py*"])
+    assert alone.ret == beside.ret == 0

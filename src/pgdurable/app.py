@@ -137,44 +137,50 @@ class App:
 
     @overload
     def step(self, fn: None = None, *, name: str | None = None, max_attempts: int = 3, interval: float = 0.5,
-             backoff: float = 2.0, max_interval: float = 60.0,
-             no_retry: tuple[type[BaseException], ...] = ()) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+             backoff: float = 2.0, max_interval: float = 60.0, no_retry: tuple[type[BaseException], ...] = (),
+             timeout: float | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def step(self, fn: Callable[..., Any] | None = None, *, name: str | None = None, max_attempts: int = 3,
              interval: float = 0.5, backoff: float = 2.0, max_interval: float = 60.0,
-             no_retry: tuple[type[BaseException], ...] = ()) -> Any:
+             no_retry: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> Any:
         """Declare a step: run at least once, recorded exactly once, replayed from its record.
 
         A failing step is retried ``max_attempts`` times in all, waiting ``interval * backoff**n`` seconds
-        (at most ``max_interval``); exception types in ``no_retry`` fail it at once.
+        (at most ``max_interval``); exception types in ``no_retry`` fail it at once. An attempt that runs
+        longer than ``timeout`` seconds fails with ``StepTimeout`` (an async step is cancelled; a sync step's
+        thread is abandoned and its late result ignored), and is retried like any failure.
         """
         policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
                              max_interval=max_interval, no_retry=no_retry)
+        seconds = limits.timeout_seconds(timeout, "step timeout")
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or default_name(fn)
             self.registry.steps.add(step_name)
-            return make_step(fn, step_name, policy)
+            return make_step(fn, step_name, policy, seconds)
 
         return register(fn) if fn is not None else register
 
     def transaction(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
                     isolation: str | None = None, max_attempts: int = 3, interval: float = 0.5,
                     backoff: float = 2.0, max_interval: float = 60.0,
-                    no_retry: tuple[type[BaseException], ...] = ()) -> Any:
+                    no_retry: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> Any:
         """Declare a transactional step: it receives a connection in an open transaction as its first
         argument (callers leave it out), and its writes commit together with its checkpoint, or not at all.
 
         ``isolation``: None (the server's default), "read committed", "repeatable read" or "serializable".
         Serialization failures and deadlocks roll back and retry on their own budget of attempts.
+        ``timeout``: the server cancels any statement of the step that runs longer (statement_timeout); the
+        attempt then rolls back and fails with ``StepTimeout``, retried like any failure.
         """
         policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
                              max_interval=max_interval, no_retry=no_retry)
+        seconds = limits.timeout_seconds(timeout, "step timeout")
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or default_name(fn)
             self.registry.steps.add(step_name)
-            return make_transaction_step(self.runtime, fn, step_name, policy, isolation)
+            return make_transaction_step(self.runtime, fn, step_name, policy, isolation, seconds)
 
         return register(fn) if fn is not None else register
 

@@ -15,6 +15,11 @@ class Invoke:
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # Seconds the call may take (a step's timeout); past it the call fails with StepTimeout: a coroutine is
+    # cancelled, a sync call (run on a thread of its own) is abandoned and its late result ignored.
+    timeout: float | None = None
+    # What the call is, for the StepTimeout message.
+    label: str = "call"
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,12 @@ class WorkflowTimeout(WorkflowFailed):
     """The workflow's deadline (``timeout_seconds``, its own or a parent's) passed before it finished."""
 
 
+class StepTimeout(PgDurableError, TimeoutError):
+    """An attempt of a step ran longer than the step's ``timeout``. The attempt failed (and is retried by the
+    step's policy): an async step was cancelled; a sync step's thread, which cannot be stopped, was abandoned
+    and whatever it returns later is ignored; a transactional step's statement was cancelled by the server."""
+
+
 class StepFailed(PgDurableError):
     """Replay of a recorded step error whose original exception type cannot be rebuilt here."""
 

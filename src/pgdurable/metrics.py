@@ -88,9 +88,9 @@ class _DatabaseCollector(Collector):
                                   labels=["queue", "status"])
         age = GaugeMetricFamily("pgdurable_queue_oldest_enqueued_seconds",
                                 "Age of the oldest enqueued execution per queue", labels=["queue"])
-        for queue, status, count, oldest in self.app.db.run(store.queue_depths()):
-            depth.add_metric([queue, status], count)
-            if status == "enqueued" and oldest is not None:
-                age.add_metric([queue], oldest)
+        for row in self.app.db.run(store.queue_depths()):
+            depth.add_metric([row.queue, row.status], row.count)
+            if row.status == "enqueued" and row.oldest_seconds is not None:
+                age.add_metric([row.queue], row.oldest_seconds)
         yield depth
         yield age

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import display, store
+from psycopg.rows import class_row, dict_row
 
-Rows = store.Rows
+from . import display, store
 
 # Stored JSON longer than this (in characters) is shown cut, with a link to the whole value.
 PAYLOAD_PREVIEW = 64 * 1024
@@ -274,6 +274,10 @@ def parse_time(value: Any) -> datetime | None:
     return display.parse_time(value)
 
 
+def _payload(text: str | None, size: int | None) -> Payload | None:
+    return Payload(text, size or 0) if text is not None else None
+
+
 def _load(value: Any) -> Any:
     """A row read as JSON (its payload columns left out, so it is shallow)."""
     return display.load_json(value) if isinstance(value, str | bytes) else value
@@ -291,22 +295,20 @@ def now() -> store.Call[datetime]:
 
 
 def queues(stale_seconds: float = 60.0) -> store.Call[list[QueueStats]]:
-    def read(rows: Rows) -> list[QueueStats]:
-        found = []
-        for queue, ready, delayed, running, stale, oldest, workers, waiting, *by_kind, overdue in rows:
-            found.append(QueueStats(queue, ready, delayed, running, stale, oldest, workers, waiting, {
-                kind: n for kind, n in zip(WAIT_KINDS, by_kind, strict=True) if n}, overdue))
-        return found
+    def read(rows: list[dict[str, Any]]) -> list[QueueStats]:
+        return [QueueStats(row["queue"], row["ready"], row["delayed"], row["running"], row["stale"],
+                           row["oldest_ready_seconds"], row["live_workers"], row["waiting"],
+                           {kind: row[kind] for kind in WAIT_KINDS if row[kind]}, row["overdue"]) for row in rows]
 
-    return store.Call("dash_queues", {"stale": stale_seconds}, read)
+    return store.Call("dash_queues", {"stale": stale_seconds}, read, row_factory=dict_row)
 
 
 def workers() -> store.Call[list[WorkerInfo]]:
-    return store.Call("dash_workers", {}, lambda rows: [WorkerInfo(*row) for row in rows])
+    return store.Call("dash_workers", {}, list, row_factory=class_row(WorkerInfo))
 
 
 def unrunnable(limit: int = 50) -> store.Call[list[Unrunnable]]:
-    return store.Call("dash_unrunnable", {"limit": limit}, lambda rows: [Unrunnable(*row) for row in rows])
+    return store.Call("dash_unrunnable", {"limit": limit}, list, row_factory=class_row(Unrunnable))
 
 
 def unrunnable_count() -> store.Call[int]:
@@ -317,15 +319,15 @@ def outcomes(window_seconds: int = 3600, bucket_seconds: int = 60,
              lookback_seconds: int = 86400) -> store.Call[Outcomes]:
     count = window_seconds // bucket_seconds
 
-    def read(rows: Rows) -> Outcomes:
+    def read(rows: list[dict[str, Any]]) -> Outcomes:
         buckets: list[dict[str, int]] = [{} for _ in range(count)]
-        for ago, status, n in rows:
-            if 0 <= ago < count:
-                buckets[count - 1 - ago][status] = int(n)
+        for row in rows:
+            if 0 <= row["ago"] < count:
+                buckets[count - 1 - row["ago"]][row["status"]] = int(row["n"])
         return Outcomes(bucket_seconds, buckets)
 
     return store.Call("dash_outcomes", {"window": window_seconds, "bucket": bucket_seconds,
-                                        "lookback": window_seconds + lookback_seconds}, read)
+                                        "lookback": window_seconds + lookback_seconds}, read, row_factory=dict_row)
 
 
 def estimated_rows(schema: str) -> store.Call[int]:
@@ -353,12 +355,11 @@ def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = No
     }
     if newer_than is not None:
         params["at"], params["id"] = _at(newer_than[0]), newer_than[1]
-        return store.Call("dash_list_newer", params,
-                          lambda rows: [ListedExecution(*row) for row in reversed(rows)])
+        return store.Call("dash_list_newer", params, lambda rows: rows[::-1], row_factory=class_row(ListedExecution))
     if older_than is None:
-        return store.Call("dash_list_first", params, lambda rows: [ListedExecution(*row) for row in rows])
+        return store.Call("dash_list_first", params, list, row_factory=class_row(ListedExecution))
     params["at"], params["id"] = _at(older_than[0]), older_than[1]
-    return store.Call("dash_list_older", params, lambda rows: [ListedExecution(*row) for row in rows])
+    return store.Call("dash_list_older", params, list, row_factory=class_row(ListedExecution))
 
 
 def _before(when: datetime) -> datetime | str:
@@ -378,19 +379,19 @@ def exists(execution_id: str) -> store.Call[bool]:
 
 
 def execution(execution_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[ExecutionDetail | None]:
-    def read(rows: Rows) -> ExecutionDetail | None:
+    def read(rows: list[dict[str, Any]]) -> ExecutionDetail | None:
         if not rows:
             return None
-        fields, output, size, error, parent_name, parent_status = rows[0]
-        return ExecutionDetail(_load(fields), Payload(output, size) if output is not None else None,
-                               _json_object(error), parent_name, parent_status)
+        row = rows[0]
+        return ExecutionDetail(_load(row["fields"]), _payload(row["output"], row["output_size"]),
+                               _json_object(row["error"]), row["parent_name"], row["parent_status"])
 
-    return store.Call("dash_execution", {"id": execution_id, "max": preview}, read)
+    return store.Call("dash_execution", {"id": execution_id, "max": preview}, read, row_factory=dict_row)
 
 
 def execution_input(execution_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Payload | None]:
-    return store.Call("dash_input", {"id": execution_id, "max": preview},
-                      lambda rows: Payload(rows[0][0], rows[0][1]) if rows else None)
+    return store.Call("dash_input", {"id": execution_id, "max": preview}, lambda rows: rows[0] if rows else None,
+                      row_factory=class_row(Payload))
 
 
 def payload(execution_id: str, column: str) -> store.Call[str | None]:
@@ -401,56 +402,61 @@ def payload(execution_id: str, column: str) -> store.Call[str | None]:
 
 
 def steps(execution_id: str, preview: int = STEP_PREVIEW, limit: int = MAX_STEPS) -> store.Call[list[StepDetail]]:
-    def read(rows: Rows) -> list[StepDetail]:
-        return [StepDetail(_load(fields), Payload(output, size) if output is not None else None,
-                           _json_object(error)) for fields, output, size, error in rows]
+    def read(rows: list[dict[str, Any]]) -> list[StepDetail]:
+        return [StepDetail(_load(row["fields"]), _payload(row["output"], row["output_size"]),
+                           _json_object(row["error"])) for row in rows]
 
-    return store.Call("dash_steps", {"id": execution_id, "max": preview, "limit": limit}, read)
+    return store.Call("dash_steps", {"id": execution_id, "max": preview, "limit": limit}, read,
+                      row_factory=dict_row)
 
 
 def children_counts(execution_id: str, cap: int = COUNT_CAP) -> store.Call[dict[str, int]]:
     return store.Call("dash_children_counts", {"id": execution_id, "cap": cap},
-                      lambda rows: {status: int(n) for status, n in rows})
+                      lambda rows: {row["status"]: int(row["n"]) for row in rows}, row_factory=dict_row)
 
 
 def children(execution_id: str, limit: int = MAX_CHILDREN, cap: int = COUNT_CAP) -> store.Call[list[Child]]:
     return store.Call("dash_children", {"id": execution_id, "limit": limit, "cap": cap},
-                      lambda rows: [Child(*row) for row in rows])
+                      list, row_factory=class_row(Child))
 
 
 def message_counts(execution_id: str, cap: int = COUNT_CAP) -> store.Call[tuple[int, int]]:
     return store.Call("dash_message_counts", {"id": execution_id, "cap": cap},
-                      lambda rows: (int(rows[0][0]), int(rows[0][1])))
+                      lambda rows: (int(rows[0]["total"]), int(rows[0]["pending"])), row_factory=dict_row)
 
 
 def messages(execution_id: str, limit: int = MAX_MESSAGES, preview: int = STEP_PREVIEW,
              cap: int = COUNT_CAP) -> store.Call[list[MessageInfo]]:
-    def read(rows: Rows) -> list[MessageInfo]:
-        return [MessageInfo(id, topic, Payload(text, size), key, created, consumed, step)
-                for id, topic, text, size, key, created, consumed, step in rows]
+    def read(rows: list[dict[str, Any]]) -> list[MessageInfo]:
+        return [MessageInfo(row["id"], row["topic"], Payload(row["text"], row["size"]), row["idempotency_key"],
+                            row["created_at"], row["consumed_at"], row["consumed_by_step"]) for row in rows]
 
-    return store.Call("dash_messages", {"id": execution_id, "limit": limit, "max": preview, "cap": cap}, read)
+    return store.Call("dash_messages", {"id": execution_id, "limit": limit, "max": preview, "cap": cap}, read,
+                      row_factory=dict_row)
 
 
 def events_latest(execution_id: str, limit: int = MAX_EVENTS,
                   preview: int = STEP_PREVIEW) -> store.Call[list[EventValue]]:
-    def read(rows: Rows) -> list[EventValue]:
-        return [EventValue(key, step, Payload(text, size), created, int(versions))
-                for key, step, text, size, created, versions in reversed(rows)]
+    def read(rows: list[dict[str, Any]]) -> list[EventValue]:
+        return [EventValue(row["key"], row["step_id"], Payload(row["text"], row["size"]), row["created_at"],
+                           int(row["versions"])) for row in reversed(rows)]
 
-    return store.Call("dash_events_latest", {"id": execution_id, "limit": limit, "max": preview}, read)
+    return store.Call("dash_events_latest", {"id": execution_id, "limit": limit, "max": preview}, read,
+                      row_factory=dict_row)
 
 
 def events_history(execution_id: str, limit: int = MAX_EVENTS,
                    preview: int = STEP_PREVIEW) -> store.Call[list[EventValue]]:
-    def read(rows: Rows) -> list[EventValue]:
-        return [EventValue(key, step, Payload(text, size), created) for key, step, text, size, created in rows]
+    def read(rows: list[dict[str, Any]]) -> list[EventValue]:
+        return [EventValue(row["key"], row["step_id"], Payload(row["text"], row["size"]), row["created_at"])
+                for row in rows]
 
-    return store.Call("dash_events_history", {"id": execution_id, "limit": limit, "max": preview}, read)
+    return store.Call("dash_events_history", {"id": execution_id, "limit": limit, "max": preview}, read,
+                      row_factory=dict_row)
 
 
 def schedules(limit: int = 500) -> store.Call[list[ScheduleInfo]]:
-    return store.Call("dash_schedules", {"limit": limit}, lambda rows: [ScheduleInfo(*row) for row in rows])
+    return store.Call("dash_schedules", {"limit": limit}, list, row_factory=class_row(ScheduleInfo))
 
 
 def known_names() -> store.Call[list[str]]:
@@ -458,8 +464,8 @@ def known_names() -> store.Call[list[str]]:
 
 
 def tables(schema: str) -> store.Call[list[TableStats]]:
-    return store.Call("dash_tables", {"schema": schema}, lambda rows: [TableStats(*row) for row in rows])
+    return store.Call("dash_tables", {"schema": schema}, list, row_factory=class_row(TableStats))
 
 
 def server() -> store.Call[ServerInfo]:
-    return store.Call("dash_server", {}, lambda rows: ServerInfo(*rows[0]))
+    return store.Call("dash_server", {}, lambda rows: rows[0], row_factory=class_row(ServerInfo))

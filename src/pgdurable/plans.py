@@ -11,7 +11,10 @@ between sync and async, so the engine keeps no twin of any operation.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+import logging
+import threading
 import time
 from collections.abc import Generator
 from dataclasses import replace
@@ -24,12 +27,24 @@ from . import failures
 from .batcher import StepWrite
 from .context import ExecutionContext
 from .effects import Invoke, Pause
-from .errors import SerializationError
+from .errors import SerializationError, StepTimeout
 
 Plan = Generator[Any, Any, Any]
 
+log = logging.getLogger("pgdurable.steps")
 
-def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
+# How long a cancelled coroutine (an async step past its timeout) is given to unwind before its attempt fails.
+CANCEL_GRACE_SECONDS = 1.0
+
+
+def _no_statements(effect: Any) -> RuntimeError:
+    return RuntimeError(f"a plan run outside a workflow yielded {type(effect).__name__}: only calls and pauses "
+                        "can run there")
+
+
+def drive_sync(ctx: ExecutionContext | None, plan: Plan) -> Any:
+    """Run a plan from a sync workflow's thread (``ctx`` None: outside a workflow, where a plan may only call
+    and pause, as a transactional step called outside a workflow does)."""
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -40,11 +55,13 @@ def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
         result, error = None, None
         if isinstance(effect, Invoke):
             try:
-                result = effect.fn(*effect.args, **effect.kwargs)
+                result = call_sync(effect)
             except BaseException as exc:  # thrown in, so the plan's own cleanup runs here, in this context
                 error = exc
         elif isinstance(effect, Pause):
             time.sleep(effect.seconds)
+        elif ctx is None:
+            error = _no_statements(effect)
         else:
             try:
                 result = ctx.perform_sync(effect)
@@ -54,7 +71,8 @@ def drive_sync(ctx: ExecutionContext, plan: Plan) -> Any:
                 error = exc
 
 
-async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
+async def drive_async(ctx: ExecutionContext | None, plan: Plan) -> Any:
+    """Run a plan from an async workflow's task (``ctx`` None: outside a workflow, as in ``drive_sync``)."""
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -65,13 +83,13 @@ async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
         result, error = None, None
         if isinstance(effect, Invoke):
             try:
-                result = effect.fn(*effect.args, **effect.kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
+                result = await call_async(effect)
             except BaseException as exc:
                 error = exc
         elif isinstance(effect, Pause):
             await asyncio.sleep(effect.seconds)
+        elif ctx is None:
+            error = _no_statements(effect)
         else:
             try:
                 result = await ctx.perform_async(effect)
@@ -79,6 +97,64 @@ async def drive_async(ctx: ExecutionContext, plan: Plan) -> Any:
                 error = _gave_up(ctx, exc)
             except Exception as exc:
                 error = exc
+
+
+def call_sync(effect: Invoke) -> Any:
+    """Call the user's code. With a timeout it runs on a thread of its own (in a copy of this context), which
+    is abandoned at the timeout: Python cannot stop a thread, so what it does afterwards is ignored."""
+    if effect.timeout is None:
+        return effect.fn(*effect.args, **effect.kwargs)
+    finished = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            outcome.append((True, context.run(effect.fn, *effect.args, **effect.kwargs)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name=f"pgdurable-{effect.label}", daemon=True).start()
+    if not finished.wait(effect.timeout):
+        log.warning("%s ran past its timeout of %g s: its thread is abandoned and keeps running until it returns; "
+                    "what it returns is ignored", effect.label, effect.timeout)
+        raise StepTimeout(f"{effect.label} did not finish within its timeout of {effect.timeout:g} s")
+    returned, value = outcome[0]
+    if returned:
+        return value
+    raise value
+
+
+async def call_async(effect: Invoke) -> Any:
+    """Call the user's code and await what it returns; with a timeout, a coroutine still running at the timeout
+    is cancelled (and given CANCEL_GRACE_SECONDS to unwind)."""
+    result = effect.fn(*effect.args, **effect.kwargs)
+    if not inspect.isawaitable(result):
+        return result
+    if effect.timeout is None:
+        return await result
+    task = asyncio.ensure_future(result)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=effect.timeout)
+    except asyncio.CancelledError:
+        task.cancel()  # the workflow itself is being cancelled: so is its step
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(_retrieve)  # whatever it ends with is ignored, without "never retrieved" noise
+    await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS)
+    if not task.done():
+        log.warning("%s was cancelled at its timeout of %g s but has not stopped after %g s more", effect.label,
+                    effect.timeout, CANCEL_GRACE_SECONDS)
+    raise StepTimeout(f"{effect.label} did not finish within its timeout of {effect.timeout:g} s; it was cancelled")
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _gave_up(ctx: ExecutionContext, exc: psycopg.OperationalError) -> BaseException:

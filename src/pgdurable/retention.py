@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from psycopg.rows import dict_row
+
 from . import store
 
 if TYPE_CHECKING:
@@ -71,7 +73,7 @@ def batch(cutoff: datetime, statuses: list[str], limit: int) -> store.Call[Delet
     if limit < 1:
         raise ValueError("batch size must be at least 1")
     return store.Call("cleanup_batch", {"cutoff": cutoff, "statuses": statuses, "limit": limit},
-                      lambda rows: Deleted(*(int(n) for n in rows[0])))
+                      lambda rows: Deleted(**{k: int(n) for k, n in rows[0].items()}), row_factory=dict_row)
 
 
 def cleanup(db: Database, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from psycopg.rows import class_row, dict_row
+
 from .cron import CronSchedule
-from .store import Call, Rows
+from .store import Call
 
 CatchUp = Literal["skip", "all"]
 
@@ -45,13 +47,44 @@ class Schedule:
     updated_at: datetime
 
 
-def _schedule(row: tuple[Any, ...]) -> Schedule:
-    values = list(row)
-    values[7] = json.loads(values[7]) if isinstance(values[7], str) else values[7]  # args: jsonb as text
-    return Schedule(*values)
+@dataclass(frozen=True, slots=True)
+class LockedSchedule:
+    """One schedule, locked, with the database's time (``clock_now()``)."""
+
+    now: datetime
+    cron: str
+    timezone: str
+    paused: bool
 
 
-def _one_schedule(rows: Rows) -> Schedule | None:
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """A due schedule locked for firing, with the database's time."""
+
+    now: datetime
+    name: str
+    cron: str
+    timezone: str
+    catch_up: CatchUp
+    next_fire_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SquattedTick:
+    """A tick whose deterministic id is held by an execution no firing of it created."""
+
+    schedule_name: str
+    execution_id: str
+    workflow_name: str
+    created_at: datetime
+
+
+def _schedule(row: dict[str, Any]) -> Schedule:
+    args = row["args"]
+    return Schedule(**{**row, "args": json.loads(args) if isinstance(args, str) else args})  # jsonb as text
+
+
+def _one_schedule(rows: list[dict[str, Any]]) -> Schedule | None:
     return _schedule(rows[0]) if rows else None
 
 
@@ -65,20 +98,22 @@ def upsert_schedule(definition: ScheduleDefinition, next_fire_at: datetime) -> C
         "timezone": definition.cron.timezone, "queue": definition.queue, "priority": definition.priority,
         "max_recoveries": definition.max_recoveries, "args": definition.args,
         "pass_scheduled_at": definition.pass_scheduled_at, "catch_up": definition.catch_up,
-        "next_fire_at": next_fire_at, "timeout_seconds": definition.timeout_seconds}, _one_schedule)
+        "next_fire_at": next_fire_at, "timeout_seconds": definition.timeout_seconds}, _one_schedule,
+        row_factory=dict_row)
 
 
 def get_schedule(name: str) -> Call[Schedule | None]:
-    return Call("get_schedule", {"name": name}, _one_schedule)
+    return Call("get_schedule", {"name": name}, _one_schedule, row_factory=dict_row)
 
 
 def list_schedules() -> Call[list[Schedule]]:
-    return Call("list_schedules", {}, lambda rows: [_schedule(row) for row in rows])
+    return Call("list_schedules", {}, lambda rows: [_schedule(row) for row in rows], row_factory=dict_row)
 
 
-def lock_schedule(name: str) -> Call[tuple[Any, ...] | None]:
-    """(database now, cron, timezone, paused) of one schedule, locked; None if there is no such schedule."""
-    return Call("lock_schedule", {"name": name}, lambda rows: rows[0] if rows else None)
+def lock_schedule(name: str) -> Call[LockedSchedule | None]:
+    """One schedule, locked; None if there is no such schedule."""
+    return Call("lock_schedule", {"name": name}, lambda rows: rows[0] if rows else None,
+                row_factory=class_row(LockedSchedule))
 
 
 def delete_schedule(name: str) -> Call[bool]:
@@ -97,9 +132,9 @@ def seconds_until_due() -> Call[float | None]:
     return Call("seconds_until_due", {}, lambda rows: float(rows[0][0]) if rows else None)
 
 
-def lock_due_schedules(limit: int) -> Call[list[tuple[Any, ...]]]:
-    """(database now, name, cron, timezone, catch_up, next_fire_at) of due schedules, locked."""
-    return Call("lock_due_schedules", {"limit": limit}, lambda rows: rows)
+def lock_due_schedules(limit: int) -> Call[list[DueSchedule]]:
+    """The due schedules, locked for this firing transaction."""
+    return Call("lock_due_schedules", {"limit": limit}, list, row_factory=class_row(DueSchedule))
 
 
 def enqueue_ticks(rows: str) -> Call[set[str]]:
@@ -107,10 +142,10 @@ def enqueue_ticks(rows: str) -> Call[set[str]]:
     return Call("enqueue_ticks", {"rows": rows}, lambda found: {row[0] for row in found})
 
 
-def squatted_ticks(rows: str) -> Call[list[tuple[Any, ...]]]:
-    """``rows``: a JSON array of [execution_id, schedule_name, tick] not enqueued; returns (schedule_name,
-    execution_id, workflow_name, created_at) of those held by an execution no firing created."""
-    return Call("squatted_ticks", {"rows": rows}, lambda found: found)
+def squatted_ticks(rows: str) -> Call[list[SquattedTick]]:
+    """``rows``: a JSON array of [execution_id, schedule_name, tick] not enqueued; returns those held by an
+    execution no firing created."""
+    return Call("squatted_ticks", {"rows": rows}, list, row_factory=class_row(SquattedTick))
 
 
 def advance_schedules(rows: str) -> Call[None]:

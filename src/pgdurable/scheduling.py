@@ -105,9 +105,8 @@ def resume(runtime: Runtime, name: str) -> bool:
         found = store.run(conn, lock_schedule(name))
         if found is None:
             return False
-        now, cron, timezone, _paused = found
         try:
-            next_fire_at = CronSchedule(cron, timezone).next_after(now)
+            next_fire_at = CronSchedule(found.cron, found.timezone).next_after(found.now)
         except ValueError as exc:
             raise ValueError(f"schedule {name!r} cannot be resumed: {exc}; redefine it") from None
         return store.run(conn, resume_schedule(name, next_fire_at))

@@ -137,8 +137,11 @@ def step_plan(run: StepRun, body: Invoke) -> Plan:
     return run.result()
 
 
-def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P, R]:
+def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy, timeout: float | None = None) -> Callable[P, R]:
+    """``timeout``: seconds an attempt may take (see ``effects.Invoke``); past it the attempt fails with
+    ``StepTimeout`` and the policy decides whether to retry."""
     return_hint = Signature(fn).return_hint
+    label = f"step {name!r}"
 
     if inspect.iscoroutinefunction(fn):
         async_fn = cast(Callable[..., Any], fn)
@@ -149,7 +152,7 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
             if ctx is None:
                 return await async_fn(*args, **kwargs)
             return await drive_async(ctx, step_plan(StepRun(ctx, name, policy, return_hint),
-                                                    Invoke(async_fn, args, kwargs)))
+                                                    Invoke(async_fn, args, kwargs, timeout, label)))
 
         step: Callable[..., Any] = async_step
     else:
@@ -160,7 +163,8 @@ def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy) -> Callable[P,
                 return fn(*args, **kwargs)
             ctx.require_workflow_thread(f"step {name!r} is a plain (sync) function called from an async workflow; "
                                         "make the step `async def`, or call it through `await asyncio.to_thread(...)`")
-            return drive_sync(ctx, step_plan(StepRun(ctx, name, policy, return_hint), Invoke(fn, args, kwargs)))
+            return drive_sync(ctx, step_plan(StepRun(ctx, name, policy, return_hint),
+                                             Invoke(fn, args, kwargs, timeout, label)))
 
         step = sync_step
     step.__pgdurable_step__ = name  # type: ignore[attr-defined]

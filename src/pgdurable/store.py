@@ -184,7 +184,7 @@ def _pairs(rows: Rows) -> dict[str, Any]:
     return {row[0]: row[1] for row in rows}
 
 
-def _dicts(rows: Rows) -> list[tuple[Any, ...]]:
+def _tuples(rows: Rows) -> list[tuple[Any, ...]]:
     return rows
 
 
@@ -295,12 +295,27 @@ def release(*, owner: str, ids: list[str]) -> Call[list[Any]]:
     return Call("release", {"owner": owner, "ids": ids}, _first_column)
 
 
-def sweep_expired() -> Call[list[tuple[Any, ...]]]:
-    return Call("sweep_expired", {}, _dicts)
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """An execution whose lease expired: re-enqueued, or failed once out of recoveries."""
+
+    id: str
+    status: str
+    recoveries: int
 
 
-def fail_unrunnable(grace: float) -> Call[list[tuple[Any, ...]]]:
-    return Call("fail_unrunnable", {"grace": grace}, _dicts)
+@dataclass(frozen=True, slots=True)
+class Named:
+    id: str
+    name: str
+
+
+def sweep_expired() -> Call[list[Swept]]:
+    return Call("sweep_expired", {}, _all, row_factory=class_row(Swept))
+
+
+def fail_unrunnable(grace: float) -> Call[list[Named]]:
+    return Call("fail_unrunnable", {"grace": grace}, _all, row_factory=class_row(Named))
 
 
 def get_execution(id: str) -> Call[Execution | None]:
@@ -353,11 +368,11 @@ def prune_workers() -> Call[None]:
 
 
 def list_workers() -> Call[list[tuple[Any, ...]]]:
-    return Call("list_workers", {}, _dicts)
+    return Call("list_workers", {}, _tuples)
 
 
 def list_unrunnable(limit: int) -> Call[list[tuple[Any, ...]]]:
-    return Call("list_unrunnable", {"limit": limit}, _dicts)
+    return Call("list_unrunnable", {"limit": limit}, _tuples)
 
 
 # ---- waits, messages, events, children, deadlines, forks (sql/queries/waits.sql) ------------------------
@@ -408,7 +423,8 @@ def suspend(*, id: str, attempt: int, wake_at: datetime | None, reason: str,
 
 def wake_due() -> Call[tuple[int, datetime | None, datetime]]:
     """(executions enqueued, when the next waiting one is due, the database's clock)."""
-    return Call("wake_due", {}, lambda rows: (int(rows[0][0]), rows[0][1], rows[0][2]))
+    return Call("wake_due", {}, lambda rows: (int(rows[0]["woken"]), rows[0]["next_due"], rows[0]["now"]),
+                row_factory=dict_row)
 
 
 def expire_deadlines() -> Call[list[Any]]:
@@ -419,7 +435,8 @@ def receive(*, id: str, attempt: int, topic: str, step_id: int, step_name: str,
             started_at: datetime) -> Call[Received]:
     return Call("receive", {"id": id, "attempt": attempt, "topic": topic, "step_id": step_id,
                             "step_name": step_name, "started_at": started_at},
-                lambda rows: Received(bool(rows[0][0]), rows[0][1], bool(rows[0][2]), rows[0][3]))
+                lambda rows: Received(bool(rows[0]["owned"]), rows[0]["wakeups"], bool(rows[0]["found"]),
+                                      rows[0]["message"]), row_factory=dict_row)
 
 
 def send_message(*, destination: str, message: str, topic: str, key: str | None) -> Call[bool]:
@@ -464,31 +481,43 @@ def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, st
                                   "queue": queue, "priority": priority, "input": input,
                                   "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
                                   "concurrency_key": concurrency_key, "trace": trace},
-                lambda rows: (bool(rows[0][0]), rows[0][2], rows[0][3]))
+                lambda rows: (bool(rows[0]["recorded"]), rows[0]["name"], rows[0]["conflict"]),
+                row_factory=dict_row)
 
 
 def awaited_status(*, id: str, attempt: int, ids: list[str]) -> Call[tuple[int | None, list[Awaited]]]:
     """(the waiter's wake-up count, the outcomes); a count of None means the waiter lost its execution."""
-    def read(rows: Rows) -> tuple[int | None, list[Awaited]]:
+    def read(rows: list[dict[str, Any]]) -> tuple[int | None, list[Awaited]]:
         if not rows:
             return None, []
-        return rows[0][0], [Awaited(row[1], row[2], row[3], row[4], bool(row[5])) for row in rows]
-    return Call("awaited_status", {"id": id, "attempt": attempt, "ids": ids}, read)
+        return rows[0]["wakeups"], [Awaited(row["id"], row["status"], row["output"], row["error"],
+                                            bool(row["is_child"])) for row in rows]
+    return Call("awaited_status", {"id": id, "attempt": attempt, "ids": ids}, read, row_factory=dict_row)
 
 
 def list_children(id: str) -> Call[list[tuple[Any, ...]]]:
-    return Call("list_children", {"id": id}, _dicts)
+    return Call("list_children", {"id": id}, _tuples)
 
 
 def fork(*, source: str, id: str, from_step: int) -> Call[tuple[str | None, str | None, int]]:
     """(the new execution's id, its workflow name, steps copied); id None when there is no such source."""
     return Call("fork", {"source": source, "id": id, "from_step": from_step},
-                lambda rows: (rows[0][0], rows[0][1], int(rows[0][2])))
+                lambda rows: (rows[0]["id"], rows[0]["name"], int(rows[0]["copied"])), row_factory=dict_row)
 
 
-def queue_depths() -> Call[list[tuple[Any, ...]]]:
-    """(queue, status, count, seconds the oldest available enqueued one has waited) for unfinished ones."""
-    return Call("queue_depths", {}, _dicts)
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """Unfinished executions of one queue in one status; for 'enqueued', how long the oldest available one
+    has waited."""
+
+    queue: str
+    status: str
+    count: int
+    oldest_seconds: float | None
+
+
+def queue_depths() -> Call[list[QueueDepth]]:
+    return Call("queue_depths", {}, _all, row_factory=class_row(QueueDepth))
 
 
 def trace_contexts(ids: list[str]) -> Call[dict[str, Any]]:

@@ -8,21 +8,22 @@ commit together, or neither does and the step runs again from a clean state.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
-from .context import current
-from .errors import ConfigurationError, LeaseLost, SerializationError
+from .context import ExecutionContext, current
+from .effects import Invoke, Pause
+from .errors import ConfigurationError, LeaseLost, SerializationError, StepTimeout
 from .orm import async_session_transaction, session_kind, session_transaction
-from .plans import drive_async, drive_sync, record_step
+from .plans import Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
 from .steps import RetryPolicy, StepRun, running_step
 
@@ -110,8 +111,116 @@ def _broken(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None,
     return conn.broken
 
 
+@dataclass(frozen=True, slots=True)
+class Transactions:
+    """How a transactional step opens, uses and ends its transaction: the only part that differs between sync
+    and async steps. Each callable returns its result (sync) or an awaitable of it (async); the plan yields
+    them as ``Invoke`` effects, so ``drive_sync`` calls them and ``drive_async`` awaits them."""
+
+    scope: Callable[[], Any]  # a new context manager (sync or async) that yields (what the step gets, conn)
+    enter: Callable[[Any], Any]
+    exit: Callable[[Any, BaseException | None], Any]
+    execute: Callable[[Any, Any, Any], Any]
+    fetch_one: Callable[[Any, Any, Any], Any]
+    # Statements that open every step transaction, and the checkpoint written just before its commit.
+    opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...]
+    checkpoint: sql.Composable
+    # The step's timeout: every statement of the transaction runs under it (statement_timeout).
+    timeout: float | None = None
+
+
+def _exit_args(exc: BaseException | None) -> tuple[Any, Any, Any]:
+    return (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
+
+
+def sync_transactions(open_scope: Callable[[], contextlib.AbstractContextManager[tuple[Any, Any]]],
+                      opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...],
+                      checkpoint: sql.Composable, timeout: float | None = None) -> Transactions:
+    return Transactions(
+        scope=open_scope,
+        enter=lambda scope: scope.__enter__(),
+        exit=lambda scope, exc: scope.__exit__(*_exit_args(exc)),
+        execute=lambda conn, statement, params: conn.execute(statement, params),
+        fetch_one=lambda conn, statement, params: conn.execute(statement, params).fetchone(),
+        opening=opening, checkpoint=checkpoint, timeout=timeout)
+
+
+async def _fetch_one(conn: psycopg.AsyncConnection[Any], statement: Any, params: Any) -> Any:
+    return await (await conn.execute(statement, params)).fetchone()
+
+
+def async_transactions(open_scope: Callable[[], contextlib.AbstractAsyncContextManager[tuple[Any, Any]]],
+                       opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...],
+                       checkpoint: sql.Composable, timeout: float | None = None) -> Transactions:
+    return Transactions(
+        scope=open_scope,
+        enter=lambda scope: scope.__aenter__(),
+        exit=lambda scope, exc: scope.__aexit__(*_exit_args(exc)),
+        execute=lambda conn, statement, params: conn.execute(statement, params),
+        fetch_one=_fetch_one,
+        opening=opening, checkpoint=checkpoint, timeout=timeout)
+
+
+def in_transaction(tx: Transactions, body: Invoke, run: TransactionRun | None) -> Plan:
+    """Open a transaction, run the step's body in it (it gets the transaction's handle first), and, inside a
+    workflow, write the checkpoint in the same transaction; then commit. Anything raised rolls it back."""
+    conn = None
+    try:
+        scope = tx.scope()
+        handle, conn = yield Invoke(tx.enter, (scope,))
+        try:
+            for statement, params in tx.opening:
+                yield Invoke(tx.execute, (conn, statement, params))
+            try:
+                value = yield replace(body, args=(handle, *body.args))
+            except psycopg.errors.QueryCanceled as exc:
+                if tx.timeout is None or "statement timeout" not in str(exc):
+                    raise
+                raise StepTimeout(f"{body.label}: a statement ran past the step's timeout of {tx.timeout:g} s "
+                                  f"and was cancelled by the server ({str(exc).strip()}); the transaction rolled "
+                                  "back") from exc
+            if run is not None:
+                try:
+                    row = yield Invoke(tx.fetch_one, (conn, tx.checkpoint, run.checkpoint_params(value)))
+                except psycopg.errors.QueryCanceled as exc:
+                    raise _CheckpointCanceled(str(exc)) from exc
+                if not row or not row[0]:
+                    raise _Fenced
+        except BaseException as exc:
+            yield Invoke(tx.exit, (scope, exc))  # rolls back
+            raise
+        yield Invoke(tx.exit, (scope, None))  # commits (a failed commit is raised here)
+        return value
+    except Exception as exc:
+        if run is not None:
+            run.disconnected = _broken(conn, exc)
+        raise
+
+
+def transaction_step_plan(run: TransactionRun, tx: Transactions, body: Invoke) -> Plan:
+    """One call of a transactional step inside a workflow: replay its record, or run it with retries. A success
+    is recorded by its own transaction; only a failure is recorded afterwards, through the writer (no write
+    of the step was kept)."""
+    if run.recorded is not None:
+        return run.replay()
+    with running_step():
+        for _ in run.attempts():
+            try:
+                run.succeeded((yield from in_transaction(tx, body, run)))
+            except _Fenced:
+                raise run.lost() from None
+            except Exception as exc:
+                if (delay := run.failed(exc)) is not None:
+                    yield Pause(delay)
+    if run.failure is None:
+        run.ctx.step_done(run.name, run.step_id, run.started, False, run.tries)
+        return run.value
+    yield from record_step(run.ctx, *run.checkpoint())
+    return run.result()
+
+
 def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, policy: RetryPolicy,
-                          isolation: str | None) -> Callable[..., Any]:
+                          isolation: str | None, timeout: float | None = None) -> Callable[..., Any]:
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
     signature = Signature(fn)
@@ -127,116 +236,62 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
     set_isolation = ISOLATION_LEVELS[isolation]
     checkpoint = sql.SQL("SELECT {}.checkpoint_step(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)").format(
         sql.Identifier(runtime.schema))
-    # The statements that open every step transaction. A worker paused inside the transaction (SIGSTOP,
-    # a long GC pause, a lost network) must not hold its row locks forever: the server ends the session
-    # once it has idled in the transaction for a lease.
-    opening: list[tuple[sql.SQL, tuple[Any, ...] | None]] = [] if set_isolation is None else [
-        (set_isolation, None)]
-    opening.append((sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"),
-                    (str(int(runtime.settings.lease_seconds * 1000)),)))
+    # A worker paused inside the transaction (SIGSTOP, a long GC pause, a lost network) must not hold its row
+    # locks forever: the server ends the session once it has idled in the transaction for a lease.
+    opening: tuple[tuple[sql.Composable, tuple[Any, ...] | None], ...] = (
+        *(() if set_isolation is None else ((set_isolation, None),)),
+        (sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)"),
+         (str(int(runtime.settings.lease_seconds * 1000)),)),
+        # The step's timeout, enforced by the server on each statement (a thread cannot be stopped, a
+        # statement can): in ms, at least 1 (0 means none) and at most what the setting takes (about 24 days).
+        *(() if timeout is None else (
+            (sql.SQL("SELECT set_config('statement_timeout', %s, true)"),
+             (str(min(max(1, round(timeout * 1000)), 2**31 - 1)),)),)))
 
-    # What the step receives, and the psycopg connection under it, in a new transaction.
-    @contextlib.contextmanager
-    def transaction() -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
-        if kind == "sync":
-            with session_transaction(runtime.db, first_hint) as (session, conn):
-                yield session, conn
-        else:
-            with runtime.db.app_pool.connection() as conn, conn.transaction():
-                yield conn, conn
+    tx: Transactions
+    if is_async:
+        @contextlib.asynccontextmanager
+        async def async_scope() -> AsyncIterator[tuple[Any, psycopg.AsyncConnection[Any]]]:
+            if kind == "async":
+                async with async_session_transaction(runtime.db, first_hint) as (session, conn):
+                    yield session, conn
+            else:
+                pool = await runtime.db.app_async_pool()
+                async with pool.connection() as conn, conn.transaction():
+                    yield conn, conn
 
-    @contextlib.asynccontextmanager
-    async def async_transaction() -> AsyncIterator[tuple[Any, psycopg.AsyncConnection[Any]]]:
-        if kind == "async":
-            async with async_session_transaction(runtime.db, first_hint) as (session, conn):
-                yield session, conn
-        else:
-            pool = await runtime.db.app_async_pool()
-            async with pool.connection() as conn, conn.transaction():
-                yield conn, conn
+        tx = async_transactions(async_scope, opening, checkpoint, timeout)
+    else:
+        @contextlib.contextmanager
+        def sync_scope() -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
+            if kind == "sync":
+                with session_transaction(runtime.db, first_hint) as (session, conn):
+                    yield session, conn
+            else:
+                with runtime.db.app_pool.connection() as conn, conn.transaction():
+                    yield conn, conn
+
+        tx = sync_transactions(sync_scope, opening, checkpoint, timeout)
+
+    def plan(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ExecutionContext | None, Plan]:
+        body = Invoke(fn, args, kwargs, label=f"transactional step {name!r}")
+        ctx = current()
+        if ctx is None:  # outside a workflow: a plain transaction, nothing recorded
+            return None, in_transaction(tx, body, None)
+        run = TransactionRun(ctx, name, policy, signature.return_hint)
+        run.reconnect_seconds = runtime.settings.lease_seconds
+        return ctx, transaction_step_plan(run, tx, body)
 
     if is_async:
-        async_fn = fn
-
         @functools.wraps(fn)
         async def async_step(*args: Any, **kwargs: Any) -> Any:
-            ctx = current()
-            if ctx is None:  # outside a workflow: a plain transaction, nothing recorded
-                async with async_transaction() as (handle, conn):
-                    for statement, params in opening:
-                        await conn.execute(statement, params)
-                    return await async_fn(handle, *args, **kwargs)
-            run = TransactionRun(ctx, name, policy, signature.return_hint)
-            run.reconnect_seconds = runtime.settings.lease_seconds
-            if run.recorded is not None:
-                return run.replay()
-            with running_step():
-                for _ in run.attempts():
-                    aconn: psycopg.AsyncConnection[Any] | None = None
-                    try:
-                        async with async_transaction() as (handle, aconn):
-                            for statement, params in opening:
-                                await aconn.execute(statement, params)
-                            value = await async_fn(handle, *args, **kwargs)
-                            try:
-                                cur = await aconn.execute(checkpoint, run.checkpoint_params(value))
-                            except psycopg.errors.QueryCanceled as exc:
-                                raise _CheckpointCanceled(str(exc)) from exc
-                            if not (row := await cur.fetchone()) or not row[0]:
-                                raise _Fenced
-                        run.succeeded(value)
-                    except _Fenced:
-                        raise run.lost() from None
-                    except Exception as exc:
-                        run.disconnected = _broken(aconn, exc)
-                        if (delay := run.failed(exc)) is not None:
-                            await asyncio.sleep(delay)
-            if run.failure is None:
-                ctx.step_done(name, run.step_id, run.started, False, run.tries)
-                return run.value  # committed together with its checkpoint
-            await drive_async(ctx, record_step(ctx, *run.checkpoint()))  # only the error: no write was kept
-            return run.result()
+            return await drive_async(*plan(args, kwargs))
 
         step: Callable[..., Any] = async_step
     else:
         @functools.wraps(fn)
         def sync_step(*args: Any, **kwargs: Any) -> Any:
-            ctx = current()
-            if ctx is None:
-                with transaction() as (handle, conn):
-                    for statement, params in opening:
-                        conn.execute(statement, params)
-                    return fn(handle, *args, **kwargs)
-            run = TransactionRun(ctx, name, policy, signature.return_hint)
-            run.reconnect_seconds = runtime.settings.lease_seconds
-            if run.recorded is not None:
-                return run.replay()
-            with running_step():
-                for _ in run.attempts():
-                    sconn: psycopg.Connection[Any] | None = None
-                    try:
-                        with transaction() as (handle, sconn):
-                            for statement, params in opening:
-                                sconn.execute(statement, params)
-                            value = fn(handle, *args, **kwargs)
-                            try:
-                                row = sconn.execute(checkpoint, run.checkpoint_params(value)).fetchone()
-                            except psycopg.errors.QueryCanceled as exc:
-                                raise _CheckpointCanceled(str(exc)) from exc
-                            if not row or not row[0]:
-                                raise _Fenced
-                        run.succeeded(value)
-                    except _Fenced:
-                        raise run.lost() from None
-                    except Exception as exc:
-                        run.disconnected = _broken(sconn, exc)
-                        if (delay := run.failed(exc)) is not None:
-                            time.sleep(delay)
-            if run.failure is None:
-                ctx.step_done(name, run.step_id, run.started, False, run.tries)
-                return run.value
-            drive_sync(ctx, record_step(ctx, *run.checkpoint()))
-            return run.result()
+            return drive_sync(*plan(args, kwargs))
 
         step = sync_step
     step.__pgdurable_step__ = name  # type: ignore[attr-defined]

@@ -28,8 +28,9 @@
 --    clock" below). Durable time, clock_now(): when something may or must happen (available_at, wake-ups,
 --    deadlines, schedules' ticks, retention cutoffs) and the timeline recorded for executions (created_at,
 --    started_at, completed_at, updated_at, steps', messages' and events' times). Liveness time, now():
---    leases, heartbeats, the worker registry, rate-limit windows. Tests move durable time (fake_now, or
---    the skipping clock of pgdurable.testing); liveness time always runs at the wall clock's pace.
+--    leases, heartbeats, the worker registry, rate-limit windows (and the stamps of definitions: a queue's or
+--    a schedule's created_at, updated_at). Tests move durable time (fake_now, or the skipping clock of
+--    pgdurable.testing); liveness time always runs at the wall clock's pace.
 
 -- == The migration history =============================================================================
 

@@ -55,10 +55,13 @@ names AS (
     SELECT queue FROM enqueued UNION SELECT queue FROM running UNION SELECT queue FROM waiting
     UNION SELECT queue FROM served
 )
-SELECT n.queue, coalesce(e.ready, 0), coalesce(e.delayed, 0), coalesce(r.running, 0), coalesce(r.stale, 0),
-       (extract(epoch FROM (SELECT now FROM clock)) - extract(epoch FROM e.oldest_ready))::float8, coalesce(s.workers, 0), coalesce(w.waiting, 0),
-       coalesce(w.delay, 0), coalesce(w.sleep, 0), coalesce(w.recv, 0), coalesce(w.children, 0),
-       coalesce(w.overdue, 0)
+SELECT n.queue, coalesce(e.ready, 0) AS ready, coalesce(e.delayed, 0) AS delayed,
+       coalesce(r.running, 0) AS running, coalesce(r.stale, 0) AS stale,
+       (extract(epoch FROM (SELECT now FROM clock)) - extract(epoch FROM e.oldest_ready))::float8
+           AS oldest_ready_seconds,
+       coalesce(s.workers, 0) AS live_workers, coalesce(w.waiting, 0) AS waiting,
+       coalesce(w.delay, 0) AS delay, coalesce(w.sleep, 0) AS sleep, coalesce(w.recv, 0) AS recv,
+       coalesce(w.children, 0) AS children, coalesce(w.overdue, 0) AS overdue
 FROM names n
 LEFT JOIN enqueued e USING (queue)
 LEFT JOIN running r USING (queue)
@@ -75,7 +78,7 @@ ORDER BY n.queue;
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 )
-SELECT floor(extract(epoch FROM clock.now - completed_at) / %(bucket)s)::int AS ago, status, count(*)
+SELECT floor(extract(epoch FROM clock.now - completed_at) / %(bucket)s)::int AS ago, status, count(*) AS n
 FROM workflow_executions, clock
 WHERE created_at > clock.now - make_interval(secs => %(lookback)s)
   AND completed_at > clock.now - make_interval(secs => %(window)s) AND completed_at <= clock.now
@@ -98,7 +101,7 @@ SELECT count(*) FROM (SELECT 1 FROM workflow_executions LIMIT %(cap)s) AS capped
 -- costs the same at row 50 and at row 5,000,000 (no OFFSET); ties on created_at (a bulk enqueue shares its
 -- transaction's time) are broken by id.
 SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
-       error ->> 'type', left(error ->> 'message', 300), wait_reason
+       error ->> 'type' AS error_type, left(error ->> 'message', 300) AS error_message, wait_reason
 FROM workflow_executions
 WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
   AND created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestamptz
@@ -114,7 +117,7 @@ LIMIT %(limit)s;
 -- The first page, newest first: dash_list_older without a cursor (a cursor of ('infinity', '') would leave
 -- out rows created at infinity).
 SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
-       error ->> 'type', left(error ->> 'message', 300), wait_reason
+       error ->> 'type' AS error_type, left(error ->> 'message', 300) AS error_message, wait_reason
 FROM workflow_executions
 WHERE created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestamptz
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
@@ -128,7 +131,7 @@ LIMIT %(limit)s;
 -- name: dash_list_newer
 -- The page just newer than the cursor, oldest first (the caller reverses it).
 SELECT id, name, queue, status, attempt, created_at, started_at, completed_at,
-       error ->> 'type', left(error ->> 'message', 300), wait_reason
+       error ->> 'type' AS error_type, left(error ->> 'message', 300) AS error_message, wait_reason
 FROM workflow_executions
 WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
   AND created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestamptz
@@ -148,14 +151,15 @@ SELECT id FROM workflow_executions WHERE id = %(id)s;
 -- up without a change here; the trace context as its text, cut, so no stored JSON nests in it), then the output (cut to %(max)s characters) with its full size, the error,
 -- and its parent's name and status.
 SELECT to_jsonb(e) - 'input' - 'output' - 'error' - 'trace_context'
-         || jsonb_build_object('trace_context', left(e.trace_context::text, 2000)),
-       left(e.output::text, %(max)s), octet_length(e.output::text), e.error::text, p.name, p.status
+         || jsonb_build_object('trace_context', left(e.trace_context::text, 2000)) AS fields,
+       left(e.output::text, %(max)s) AS output, octet_length(e.output::text) AS output_size, e.error::text AS error,
+       p.name AS parent_name, p.status AS parent_status
 FROM workflow_executions e
 LEFT JOIN workflow_executions p ON p.id = e.parent_id
 WHERE e.id = %(id)s;
 
 -- name: dash_input
-SELECT left(input::text, %(max)s), octet_length(input::text) FROM workflow_executions WHERE id = %(id)s;
+SELECT left(input::text, %(max)s) AS text, octet_length(input::text) AS size FROM workflow_executions WHERE id = %(id)s;
 
 -- name: dash_payload
 -- The whole stored payload, for the raw view.
@@ -167,8 +171,8 @@ WHERE id = %(id)s;
 -- name: dash_steps
 -- The recorded steps of one execution in order, every column but the payloads as JSON (step kinds added
 -- later, such as sleeps and waits, come along), the output cut to %(max)s characters, and the error.
-SELECT to_jsonb(o) - 'execution_id' - 'output' - 'error',
-       left(o.output::text, %(max)s), octet_length(o.output::text), o.error::text
+SELECT to_jsonb(o) - 'execution_id' - 'output' - 'error' AS fields,
+       left(o.output::text, %(max)s) AS output, octet_length(o.output::text) AS output_size, o.error::text AS error
 FROM operation_outputs o
 WHERE o.execution_id = %(id)s
 ORDER BY o.step_id
@@ -176,7 +180,7 @@ LIMIT %(limit)s;
 
 -- name: dash_children_counts
 -- A parent's children by status, counting at most %(cap)s of them (a fan-out of millions stays cheap).
-SELECT status, count(*)
+SELECT status, count(*) AS n
 FROM (SELECT status FROM workflow_executions WHERE parent_id = %(id)s LIMIT %(cap)s) AS c
 GROUP BY status;
 
@@ -190,15 +194,15 @@ LIMIT %(limit)s;
 
 -- name: dash_message_counts
 -- Messages sent to an execution, and how many wait to be received, counting at most %(cap)s.
-SELECT count(*), count(*) FILTER (WHERE consumed_at IS NULL)
+SELECT count(*) AS total, count(*) FILTER (WHERE consumed_at IS NULL) AS pending
 FROM (SELECT consumed_at FROM workflow_messages WHERE destination_id = %(id)s LIMIT %(cap)s) AS m;
 
 -- name: dash_messages
 -- The newest %(limit)s messages sent to an execution (consumed or not), among the first %(cap)s found along
 -- the (destination_id, idempotency_key) unique index; values cut to %(max)s characters. (The subquery keeps
 -- the planner from walking the primary key backwards in search of this destination's rows.)
-SELECT id, topic, left(message::text, %(max)s), octet_length(message::text), idempotency_key, created_at,
-       consumed_at, consumed_by_step
+SELECT id, topic, left(message::text, %(max)s) AS text, octet_length(message::text) AS size, idempotency_key,
+       created_at, consumed_at, consumed_by_step
 FROM (SELECT id, topic, message, idempotency_key, created_at, consumed_at, consumed_by_step
       FROM workflow_messages WHERE destination_id = %(id)s LIMIT %(cap)s) AS m
 ORDER BY id DESC
@@ -208,8 +212,8 @@ LIMIT %(limit)s;
 -- The current value of each of an execution's event keys (the latest set_event), with how many values the
 -- key has had; values cut to %(max)s characters. Walks the primary key (execution_id, key, step_id)
 -- backwards: keys in reverse order, each key's latest value first.
-SELECT DISTINCT ON (key) key, step_id, left(value::text, %(max)s), octet_length(value::text), created_at,
-       count(*) OVER (PARTITION BY key)
+SELECT DISTINCT ON (key) key, step_id, left(value::text, %(max)s) AS text, octet_length(value::text) AS size,
+       created_at, count(*) OVER (PARTITION BY key) AS versions
 FROM workflow_events
 WHERE execution_id = %(id)s
 ORDER BY key DESC, step_id DESC
@@ -217,7 +221,7 @@ LIMIT %(limit)s;
 
 -- name: dash_events_history
 -- An execution's newest %(limit)s event values, every key, newest first.
-SELECT key, step_id, left(value::text, %(max)s), octet_length(value::text), created_at
+SELECT key, step_id, left(value::text, %(max)s) AS text, octet_length(value::text) AS size, created_at
 FROM workflow_events
 WHERE execution_id = %(id)s
 ORDER BY step_id DESC, key
@@ -252,9 +256,9 @@ SELECT count(*) FROM unrunnable_executions;
 
 -- name: dash_tables
 -- Size and tuple statistics of pgdurable's tables (dead tuples show vacuum falling behind).
-SELECT c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid),
-       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0), s.last_autovacuum, s.last_vacuum,
-       coalesce(s.autovacuum_count, 0)
+SELECT c.relname AS name, pg_total_relation_size(c.oid) AS total_bytes, pg_relation_size(c.oid) AS table_bytes,
+       coalesce(s.n_live_tup, 0) AS live_tuples, coalesce(s.n_dead_tup, 0) AS dead_tuples, s.last_autovacuum,
+       s.last_vacuum, coalesce(s.autovacuum_count, 0) AS autovacuum_count
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
@@ -262,4 +266,5 @@ WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
 ORDER BY pg_total_relation_size(c.oid) DESC;
 
 -- name: dash_server
-SELECT current_setting('server_version'), pg_database_size(current_database()), now();
+SELECT current_setting('server_version') AS version, pg_database_size(current_database()) AS database_bytes,
+       now() AS now;

@@ -300,8 +300,9 @@ RETURNING id;
 
 -- name: queue_depths
 -- Unfinished executions by queue and status, with the age of the oldest available one (metrics, status).
-SELECT queue, status, count(*),
+SELECT queue, status, count(*) AS count,
        extract(epoch FROM clock.now) - extract(epoch FROM min(available_at) FILTER (WHERE status = 'enqueued'))
+           AS oldest_seconds
 FROM workflow_executions, (SELECT clock_now() AS now) AS clock
 WHERE status IN ('enqueued', 'waiting', 'running')
 GROUP BY queue, status, clock.now

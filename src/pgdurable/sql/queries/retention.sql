@@ -56,5 +56,5 @@ events AS (
 executions AS (
     DELETE FROM workflow_executions e USING doomed d WHERE e.id = d.id RETURNING 1
 )
-SELECT (SELECT count(*) FROM executions), (SELECT count(*) FROM steps), (SELECT count(*) FROM messages),
-       (SELECT count(*) FROM events);
+SELECT (SELECT count(*) FROM executions) AS executions, (SELECT count(*) FROM steps) AS steps,
+       (SELECT count(*) FROM messages) AS messages, (SELECT count(*) FROM events) AS events;

@@ -59,7 +59,7 @@ ORDER BY name;
 
 -- name: lock_schedule
 -- The database's time and one schedule's timetable, locked until the caller's transaction ends.
-SELECT clock_now(), cron, timezone, paused FROM schedules WHERE name = %(name)s FOR UPDATE;
+SELECT clock_now() AS now, cron, timezone, paused FROM schedules WHERE name = %(name)s FOR UPDATE;
 
 -- name: delete_schedule
 DELETE FROM schedules WHERE name = %(name)s RETURNING name;
@@ -117,7 +117,7 @@ FROM insert_executions_v1(
 -- [execution_id, schedule_name, tick]: those whose id is held by an execution that no firing of this tick
 -- created, because it runs another workflow or was created before the tick was due (a firing enqueues a
 -- tick at or after its time, by the database's clock). Such a row suppresses the tick.
-SELECT r.tick ->> 1, e.id, e.name, e.created_at
+SELECT r.tick ->> 1 AS schedule_name, e.id AS execution_id, e.name AS workflow_name, e.created_at
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r (tick)
 JOIN schedules s ON s.name = r.tick ->> 1
 JOIN workflow_executions e ON e.id = r.tick ->> 0

@@ -35,10 +35,10 @@ WITH clock AS MATERIALIZED (
     WHERE e.id = due.id AND e.status = 'waiting'
     RETURNING e.id
 )
-SELECT (SELECT count(*) FROM woken),
+SELECT (SELECT count(*) FROM woken) AS woken,
        (SELECT min(available_at) FROM workflow_executions
-        WHERE status = 'waiting' AND available_at > (SELECT now FROM clock)),
-       (SELECT now FROM clock);
+        WHERE status = 'waiting' AND available_at > (SELECT now FROM clock)) AS next_due,
+       (SELECT now FROM clock) AS now;
 
 -- name: expire_deadlines
 -- Fail unfinished executions past their deadline (their children have inherited it and fail alike). A
@@ -95,8 +95,8 @@ WITH seen AS (
     FROM next_message, recorded
     WHERE m.id = next_message.id
 )
-SELECT (SELECT count(*) FROM owned), (SELECT wakeups FROM seen), (SELECT count(*) FROM recorded),
-       (SELECT output::text FROM recorded);
+SELECT (SELECT count(*) FROM owned) AS owned, (SELECT wakeups FROM seen) AS wakeups,
+       (SELECT count(*) FROM recorded) AS found, (SELECT output::text FROM recorded) AS message;
 
 -- name: send_message
 SELECT send_message(%(destination)s, %(message)s::jsonb, %(topic)s, %(key)s);
@@ -175,16 +175,16 @@ WITH owned AS (
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM recorded),
-       (SELECT count(*) FROM child),
-       (SELECT name FROM workflow_executions WHERE id = %(id)s),
-       (SELECT error::text FROM conflict);
+SELECT (SELECT count(*) FROM recorded) AS recorded,
+       (SELECT count(*) FROM child) AS created,
+       (SELECT name FROM workflow_executions WHERE id = %(id)s) AS name,
+       (SELECT error::text FROM conflict) AS conflict;
 
 -- name: awaited_status
 -- The outcome of awaited executions, and the waiter's wake-up count from the same snapshot: a child
 -- that finishes later bumps the count, which makes the waiter's suspend fail and look again. No rows
 -- when the waiter no longer owns its execution.
-SELECT w.wakeups, a.id, e.status, e.output::text, e.error::text, e.parent_id = w.id
+SELECT w.wakeups, a.id, e.status, e.output::text AS output, e.error::text AS error, e.parent_id = w.id AS is_child
 FROM workflow_executions w
 CROSS JOIN unnest(%(ids)s::text[]) AS a (id)
 LEFT JOIN workflow_executions e ON e.id = a.id
@@ -222,4 +222,4 @@ WITH source AS (
     FROM workflow_events ev, forked
     WHERE ev.execution_id = %(source)s AND ev.step_id < %(from_step)s
 )
-SELECT (SELECT id FROM forked), (SELECT name FROM forked), (SELECT count(*) FROM copied);
+SELECT (SELECT id FROM forked) AS id, (SELECT name FROM forked) AS name, (SELECT count(*) FROM copied) AS copied;

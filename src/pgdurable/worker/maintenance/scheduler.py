@@ -105,9 +105,11 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], *, limit: int = _BATCH) -
     ticks: list[list[str]] = []
     advanced: list[list[str | None]] = []
     invalid: list[list[str]] = []
-    for now, name, cron, timezone, catch_up, next_fire_at in due:
+    for schedule in due:
+        name = schedule.name
         try:
-            step = plan(CronSchedule(cron, timezone), catch_up, next_fire_at, now)
+            step = plan(CronSchedule(schedule.cron, schedule.timezone), schedule.catch_up, schedule.next_fire_at,
+                        schedule.now)
         except Exception as exc:  # a row edited by hand into nonsense: pause it rather than fail every pass
             reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
             message = f"paused by a worker: cannot compute its ticks: {reason}"
@@ -131,12 +133,12 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], *, limit: int = _BATCH) -
         if taken:
             # enqueue_workflow refuses "sched:" ids, but an older version did not, and a role with the tables'
             # privileges can still write one: such a row silently takes the tick's place, so say so.
-            for name, tick_id, workflow_name, created_at in await store.arun(
-                    conn, schedules.squatted_ticks(json.dumps(taken))):
+            for squatted in await store.arun(conn, schedules.squatted_ticks(json.dumps(taken))):
                 log.warning("schedule %s: tick %s did not fire: its execution id is already taken by an execution "
                             "of workflow %r created at %s, which no firing of this schedule created",
-                            name, tick_id, workflow_name, created_at.isoformat())
-                outcome.squatted.append(tick_id)
+                            squatted.schedule_name, squatted.execution_id, squatted.workflow_name,
+                            squatted.created_at.isoformat())
+                outcome.squatted.append(squatted.execution_id)
     if advanced:
         await store.arun(conn, schedules.advance_schedules(json.dumps(advanced)))
     if invalid:

@@ -20,9 +20,9 @@ class Sweeper(Duty):
 
     async def once(self) -> None:
         expired = await self.deps.run(store.sweep_expired())
-        for execution_id, status, recoveries in expired:
-            log.warning("execution %s: lease expired, %s (recovery %d)", execution_id,
-                        "dead-lettered" if status == "failed" else "re-enqueued", recoveries)
+        for swept in expired:
+            log.warning("execution %s: lease expired, %s (recovery %d)", swept.id,
+                        "dead-lettered" if swept.status == "failed" else "re-enqueued", swept.recoveries)
         if expired and self.deps.observers:
-            dead = sum(1 for _, status, _ in expired if status == "failed")
+            dead = sum(1 for swept in expired if swept.status == "failed")
             self.deps.observers.swept(len(expired) - dead, dead, 0)
