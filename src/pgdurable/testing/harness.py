@@ -2,7 +2,7 @@
 this process and (by default) a clock that skips the time nobody would spend waiting.
 
     with harness(app) as h:              # or: async with harness(app) as h:
-        assert h.run(remind, "ann") == "reminded"     # sleeps three days, returns at once
+        assert h.run(remind, "ann") == "reminded ann"  # sleeps three days, returns at once
         h.skip(3600)                                   # durable time moves an hour on
 
 While the harness is open the application works on the private schema (every call of ``app``: enqueue,
