@@ -5,7 +5,7 @@ the skipped clock; leases do not. Assertions are on the recorded durable times, 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +13,9 @@ import psycopg
 import pytest
 
 import pgdurable
-from pgdurable.testing import harness
+from pgdurable import store
+from pgdurable.db import configure
+from pgdurable.testing import clock, harness
 from tests.harness import WAIT, wait_for
 
 DAY = 86400.0
@@ -193,3 +195,77 @@ def test_the_schema_is_dropped_at_exit(app: pgdurable.App, database_url: str) ->
         schema = h.schema
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)
+
+
+def test_a_receive_times_out_on_the_skipped_clock_unless_sent_to_first(app: pgdurable.App,
+                                                                       database_url: str) -> None:
+    @app.workflow
+    def inbox() -> Any:
+        return pgdurable.recv("orders", timeout=3600)
+
+    with harness(app, database_url=database_url) as h:
+        start = h.now()
+        assert h.run(inbox) is None  # nobody sent anything: an hour passed, in no time
+        assert h.now() - start >= timedelta(hours=1)
+
+        h.pause_skipping()  # to act while it waits: the clock stays
+        handle = app.enqueue(inbox)
+        wait_for(lambda: _execution(app, handle.workflow_id).wait_reason == "recv:orders", WAIT, "the receive")
+        app.send(handle.workflow_id, {"order": 7}, topic="orders")
+        h.resume_skipping()
+        assert handle.result(timeout=WAIT) == {"order": 7}
+
+
+@pytest.fixture
+def engine_db(make_app: Callable[..., pgdurable.App], database_url: str, schema: str
+              ) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection on a migrated test schema configured as pgdurable's own connections are."""
+    make_app().migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        configure(conn, schema)
+        yield conn
+
+
+def test_the_clock_jumps_only_when_nothing_can_happen_before_the_next_timer(
+        engine_db: psycopg.Connection[Any]) -> None:
+    db = engine_db
+    clock.enable(db)
+
+    def enqueue(ident: str, delay: float = 0.0, timeout: float | None = None) -> None:
+        store.run(db, store.enqueue(id=ident, name="w", queue="q", priority=0, input="{}", max_recoveries=5,
+                                    delay=delay, timeout=timeout))
+
+    def claim() -> list[Any]:
+        return store.run(db, store.claim(queue="q", names=["w"], owner="me", lease=30, limit=10, version="v"))
+
+    assert clock.skip_if_idle(db) is None  # no timer at all
+    enqueue("later", delay=DAY)
+    enqueue("now", timeout=3600.0)
+    store.run(db, store.register_worker(id="me", hostname="h", pid=1, queues=["q"], workflows=["w"],
+                                        concurrency=1, version="v"))
+    assert clock.skip_if_idle(db) is None  # "now" is due, and a live worker can run it
+    [running] = claim()
+    assert clock.skip_if_idle(db) is None  # it runs
+    store.run(db, store.suspend(id=running.id, attempt=running.attempt, wake_at=None, reason="recv:x",
+                                wakeups=None))
+    # "now" waits for a message, with its deadline in an hour; "later" starts in a day: the deadline is next
+    deadline = _execution_row(db, "now").deadline
+    moved = clock.skip_if_idle(db)
+    assert moved is not None and moved - (deadline + timedelta(microseconds=1)) < timedelta(milliseconds=1)
+    assert _execution_row(db, "now").status == "failed"  # expired by the skip's own deadline check
+    assert clock.skip_if_idle(db) == _execution_row(db, "later").available_at
+    assert _execution_row(db, "later").status == "enqueued"  # woken by the skip
+    [later] = claim()
+    assert clock.skip_if_idle(db) is None  # "later" runs
+    wake_at = clock.now(db) + timedelta(days=2)
+    store.run(db, store.suspend(id=later.id, attempt=later.attempt, wake_at=wake_at, reason="sleep", wakeups=None))
+    # Due, but no live worker knows its workflow: it does not hold time back (nothing would ever run it).
+    store.run(db, store.enqueue(id="unknown", name="nobody", queue="q", priority=0, input="{}", max_recoveries=5,
+                                delay=0.0, timeout=None))
+    assert clock.skip_if_idle(db) == wake_at
+
+
+def _execution_row(db: psycopg.Connection[Any], ident: str) -> Any:
+    found = store.run(db, store.get_execution(ident))
+    assert found is not None
+    return found
