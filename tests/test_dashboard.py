@@ -194,7 +194,7 @@ def test_list_page_is_an_index_scan_on_a_large_table(app: pgdurable.App, db: psy
                "SELECT 'bulk-' || g, 'bulk', now() - g * interval '1 second' FROM generate_series(1, 30000) g")
     db.execute("ANALYZE workflow_executions")
     base = {"status": None, "name": None, "queue": None, "prefix": None, "since": "-infinity",
-            "until": "infinity", "limit": 51, "parent": None}
+            "until": "infinity", "limit": 51, "parent": None, "tags": None}
     for cursor in [("infinity", ""), (datetime.now(UTC) - timedelta(hours=4), "bulk-14400")]:
         params = {**base, "at": cursor[0], "id": cursor[1]}
         plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + query("dash_list_older"), params).fetchall())

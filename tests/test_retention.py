@@ -116,6 +116,20 @@ def messages_and_events(db: psycopg.Connection[Any], ids: list[str], messages: i
                " FROM unnest(%s::text[]) AS id, generate_series(0, %s - 1) AS s", (ids, events))
 
 
+def streams(db: psycopg.Connection[Any], ids: list[str]) -> None:
+    """Two values and the close of one stream of each execution."""
+    db.execute("INSERT INTO workflow_streams (execution_id, key, step_id, value, closed) SELECT id, 's', n,"
+               " CASE WHEN n < 2 THEN '1'::jsonb END, n = 2 FROM unnest(%s::text[]) AS id, generate_series(0, 2) AS n",
+               (ids,))
+
+
+def test_cleanup_deletes_streams_with_their_executions(app: pgdurable.App, db: psycopg.Connection[Any]) -> None:
+    ids = finished_rows(db, "streamed", 3)
+    streams(db, ids)
+    assert app.cleanup(timedelta(days=30)) == 3
+    assert owned(db, "workflow_streams", "streamed") == 0
+
+
 def owned(db: psycopg.Connection[Any], table: str, prefix: str) -> int:
     column = "destination_id" if table == "workflow_messages" else "execution_id"
     row = db.execute(sql.SQL("SELECT count(*) FROM {} WHERE starts_with({}, %s)").format(
@@ -196,13 +210,15 @@ def test_unfinished_executions_and_children_of_unfinished_parents_are_kept(app: 
 def test_a_batch_follows_indexes_on_large_tables(app: pgdurable.App, db: psycopg.Connection[Any]) -> None:
     ids = finished_rows(db, "big", 20_000, steps=1)
     messages_and_events(db, ids, messages=1, events=1)
+    streams(db, ids)
     db.execute("UPDATE workflow_executions SET parent_id = 'big-' || (random() * 100)::int WHERE random() < 0.5")
-    db.execute("ANALYZE workflow_executions, workflow_messages, workflow_events, operation_outputs")
+    db.execute("ANALYZE workflow_executions, workflow_messages, workflow_events, operation_outputs, workflow_streams")
     cutoff = app.db.run(retention.cutoff(timedelta(days=30)))
     call = retention.batch(cutoff, sorted(pgdurable.store.TERMINAL), 50)  # a batch: a small share of the rows
     plan = "\n".join(row[0] for row in db.execute("EXPLAIN " + query(call.name), call.params))
     assert "Seq Scan" not in plan, plan
     assert "workflow_messages_idempotency" in plan and "workflow_events_pkey" in plan, plan
+    assert "workflow_streams_pkey" in plan, plan
     assert "workflow_executions_created_idx" in plan, plan
 
 

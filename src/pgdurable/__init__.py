@@ -21,6 +21,8 @@ from .errors import (
     WorkflowTimeout,
 )
 from .primitives import (
+    close_stream,
+    close_stream_async,
     gather,
     gather_async,
     patched,
@@ -28,10 +30,14 @@ from .primitives import (
     recv_async,
     set_event,
     set_event_async,
+    set_tags,
+    set_tags_async,
     sleep,
     sleep_async,
     sleep_until,
     sleep_until_async,
+    write_stream,
+    write_stream_async,
 )
 from .serialization import JsonSerializer, Serializer
 from .workflows import Workflow
@@ -57,6 +63,8 @@ __all__ = [
     "WorkflowIdConflict",
     "WorkflowNotFound",
     "WorkflowTimeout",
+    "close_stream",
+    "close_stream_async",
     "current_workflow_id",
     "gather",
     "gather_async",
@@ -65,8 +73,12 @@ __all__ = [
     "recv_async",
     "set_event",
     "set_event_async",
+    "set_tags",
+    "set_tags_async",
     "sleep",
     "sleep_async",
     "sleep_until",
     "sleep_until_async",
+    "write_stream",
+    "write_stream_async",
 ]

@@ -6,6 +6,7 @@ for all of them; App.start (worker side: local.py) uses the same checks.
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -33,7 +34,9 @@ class Request:
                  kwargs: dict[str, Any], *, workflow_id: str | None = None, queue: str | None = None,
                  priority: int | None = None, delay: float = 0.0, max_recoveries: int | None = None,
                  timeout_seconds: float | None = None, dedup_key: str | None = None,
-                 concurrency_key: str | None = None, on_duplicate: str = "return") -> None:
+                 concurrency_key: str | None = None, on_duplicate: str = "return",
+                 tags: dict[str, str] | None = None, debounce_key: str | None = None,
+                 debounce_seconds: float | None = None, debounce_max_seconds: float | None = None) -> None:
         definition = runtime.registry.resolve(workflow)
         if isinstance(workflow, str) and definition is None:
             # A workflow this process does not define: its signature is unknown, so arguments go by name.
@@ -54,6 +57,10 @@ class Request:
             raise ValueError('on_duplicate must be "return" or "raise"')
         check_options(workflow_id=workflow_id, queue=queue, priority=priority, max_recoveries=max_recoveries,
                       timeout_seconds=timeout_seconds, dedup_key=dedup_key, concurrency_key=concurrency_key)
+        self.debounce = limits.debounce(debounce_key, debounce_seconds, debounce_max_seconds)
+        if self.debounce is not None and (workflow_id is not None or dedup_key is not None or delay):
+            raise ValueError("a debounced enqueue takes no workflow_id, dedup_key or delay: the burst decides "
+                             "its execution's id and start")
         self.runtime, self.hint, self.on_duplicate = runtime, hint, on_duplicate
         self.call = store.enqueue(
             id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
@@ -61,12 +68,16 @@ class Request:
             max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
             delay=limits.delay_seconds(delay),
             timeout=timeout_seconds if timeout_seconds is not None else default_timeout,
-            dedup_key=dedup_key, concurrency_key=concurrency_key, trace=runtime.trace())
+            dedup_key=dedup_key, concurrency_key=concurrency_key, trace=runtime.trace(), tags=tags_text(tags),
+            debounce=self.debounce)
         self.workflow_id = workflow_id
 
     def child_plan(self, ctx: ExecutionContext) -> plans.Plan:
         """Inside a workflow: start it as a child, recorded as a step of the parent."""
-        params = {k: v for k, v in self.call.params.items() if k not in ("id", "name")}
+        if self.debounce is not None:
+            raise ValueError("debounce_key is for enqueues from outside workflows (a child starts once, as a step)")
+        params = {k: v for k, v in self.call.params.items()
+                  if k not in ("id", "name", "debounce_key", "debounce_seconds", "debounce_max_seconds")}
         params["trace"] = self.runtime.trace(ctx.telemetry) if self.runtime.observers else None  # the parent's
         return primitives.enqueue_child_plan(ctx, self.call.params["name"], self.workflow_id, params)
 
@@ -85,6 +96,8 @@ class Request:
                 enqueued = runtime.db.run(store.find_duplicate(queue=call.params["queue"], dedup_key=dedup_key))
             if enqueued is None:
                 raise RuntimeError(f"enqueue of {workflow_id} neither created nor found the execution")
+        if self.debounce is not None:  # the burst's pending execution, created or updated
+            return WorkflowHandle(runtime, enqueued.id, self.hint)
         if enqueued.id != workflow_id:  # an unfinished execution holds the dedup key
             if self.on_duplicate == "raise":
                 raise DuplicateWorkflow(enqueued.id, dedup_key)
@@ -111,6 +124,12 @@ def check_options(*, workflow_id: str | None = None, queue: str | None = None, p
     if max_recoveries is not None:
         limits.max_recoveries(max_recoveries)
     limits.timeout_seconds(timeout_seconds)
+
+
+def tags_text(tags: dict[str, str] | None) -> str | None:
+    """Checked tags as the JSON text the statements take (None: no tags)."""
+    checked = limits.tags(tags)
+    return None if checked is None else json.dumps(checked)
 
 
 def enqueue(request: Request, conn: Any = None) -> WorkflowHandle[Any]:
@@ -142,12 +161,14 @@ class Bulk:
 
     def __init__(self, runtime: Runtime, workflow: Workflow[..., Any],
                  arguments: Iterable[tuple[Any, ...] | dict[str, Any]], workflow_ids: Sequence[str] | None,
-                 queue: str | None, priority: int | None, delay: float) -> None:
+                 queue: str | None, priority: int | None, delay: float,
+                 tags: dict[str, str] | None = None) -> None:
         definition = runtime.registry.resolve(workflow)
         if definition is None:
             raise TypeError("enqueue_many takes a workflow registered on this App")
         delay = limits.delay_seconds(delay)
         check_options(queue=queue, priority=priority)
+        tags_json = tags_text(tags)
         bound = [definition.bind(*_split(item)) for item in arguments]
         ids = list(workflow_ids) if workflow_ids is not None else [str(uuid.uuid4()) for _ in bound]
         if len(ids) != len(bound):
@@ -179,7 +200,7 @@ class Bulk:
                 priority=definition.priority if priority is None else priority,
                 max_recoveries=runtime.settings.max_recoveries if definition.max_recoveries is None
                 else definition.max_recoveries, delay=delay, timeout=definition.timeout_seconds,
-                trace=runtime.trace()))
+                trace=runtime.trace(), tags=tags_json))
 
     def missing(self, created: set[str]) -> list[str]:
         return [i for i in self.ids if i not in created] if len(created) != len(self.ids) else []

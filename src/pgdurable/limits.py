@@ -106,3 +106,56 @@ def rate_period(value: Any) -> float:
         raise ValueError(f"rate_period must be a finite number of seconds above 0 and at most {MAX_SECONDS:,} "
                          f"(10 years), not {value!r}")
     return seconds
+
+
+# Tags: searchable labels of an execution (enqueue_workflow checks the same bounds).
+MAX_TAGS = 32
+MAX_TAG_KEY = 100
+MAX_TAG_VALUE = 200
+
+
+def tags(value: Any) -> dict[str, str] | None:
+    """None, or a dict of at most MAX_TAGS string keys (1 to MAX_TAG_KEY characters) and string values (at
+    most MAX_TAG_VALUE characters) that PostgreSQL can store. An empty dict is None (no tags)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"tags must be a dict of strings, like {{'customer': '42'}}, not {type(value).__name__}")
+    if len(value) > MAX_TAGS:
+        raise ValueError(f"at most {MAX_TAGS} tags, not {len(value)}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"tag {k!r}: keys and values must be strings (tags are text: str(42) -> '42'), "
+                            f"not {type(k).__name__}: {type(v).__name__}")
+        if not 1 <= len(k) <= MAX_TAG_KEY:
+            raise ValueError(f"tag key {k[:50]!r}: must be 1 to {MAX_TAG_KEY} characters")
+        if len(v) > MAX_TAG_VALUE:
+            raise ValueError(f"tag {k!r}: the value must be at most {MAX_TAG_VALUE} characters, not {len(v)}")
+        for text in (k, v):
+            _storable(text, f"tag {k[:50]!r}")
+    return dict(value) or None
+
+
+def _storable(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise ValueError(f"{what} must not contain NUL characters (PostgreSQL cannot store them)")
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} contains a lone UTF-16 surrogate, which is not valid UTF-8") from None
+
+
+def debounce(key_value: Any, seconds: Any, max_seconds: Any) -> tuple[str, float, float | None] | None:
+    """None (not debounced), or (key, seconds, max_seconds) checked: a key, seconds in [0, MAX_SECONDS],
+    and max_seconds None or in [0, MAX_SECONDS]."""
+    if key_value is None:
+        if seconds is not None or max_seconds is not None:
+            raise ValueError("debounce_seconds and debounce_max_seconds need a debounce_key")
+        return None
+    key(key_value, "debounce_key")
+    if seconds is None:
+        raise ValueError("a debounce_key needs debounce_seconds (how long to wait for the next enqueue)")
+    wait = delay_seconds(seconds, "debounce_seconds")
+    longest = None if max_seconds is None else delay_seconds(max_seconds, "debounce_max_seconds")
+    return key_value, wait, longest

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import store
 from .client import WorkflowHandle
-from .enqueue import check_options
+from .enqueue import check_options, tags_text
 from .errors import WorkflowIdConflict
 from .runtime import Runtime
 from .worker import Worker
@@ -42,13 +42,14 @@ class LocalRuntime:
 
 def start(runtime: Runtime, local: LocalRuntime, workflow: Workflow[..., Any], args: tuple[Any, ...],
           kwargs: dict[str, Any], *, workflow_id: str | None, priority: int | None, max_recoveries: int | None,
-          timeout_seconds: float | None) -> WorkflowHandle[Any]:
+          timeout_seconds: float | None, tags: dict[str, str] | None = None) -> WorkflowHandle[Any]:
     """Insert the execution owned by ``local`` and run it there; on a queue with limits it is enqueued instead
     (the limits decide when it runs, and a worker claims it)."""
     definition = runtime.registry.resolve(workflow)
     assert definition is not None
     check_options(workflow_id=workflow_id, priority=priority, max_recoveries=max_recoveries,
                   timeout_seconds=timeout_seconds)
+    tags_json = tags_text(tags)
     input_text = definition.encode_arguments(runtime.serializer, args, kwargs)
     trace = runtime.trace()
     row = runtime.db.run(store.start_owned(
@@ -57,7 +58,7 @@ def start(runtime: Runtime, local: LocalRuntime, workflow: Workflow[..., Any], a
         max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
         owner=local.worker.id, lease=runtime.settings.lease_seconds,
         timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
-        version=runtime.version, trace=trace))
+        version=runtime.version, trace=trace, tags=tags_json))
     assert row is not None
     execution_id, name, _, attempt, stored_input, db_now, owned = row
     if name != definition.name:

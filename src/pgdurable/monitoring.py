@@ -23,6 +23,8 @@ MAX_STEPS = 2000
 # What hangs off one execution is listed up to these many rows, and counted up to COUNT_CAP.
 MAX_CHILDREN, MAX_MESSAGES, MAX_EVENTS = 100, 100, 200
 COUNT_CAP = 10_000
+# Streams on a workflow's page: this many keys, each with its newest values.
+MAX_STREAMS, MAX_STREAM_VALUES = 20, 20
 # What a waiting execution waits for, by its wait_reason ('recv:<topic>': a message), in a few words.
 WAIT_KINDS = {"delay": "delayed", "sleep": "sleeping", "recv": "receiving", "children": "on children"}
 
@@ -204,6 +206,24 @@ class EventValue:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamValue:
+    step_id: int
+    value: Payload
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """One stream of an execution: how many values, closed or not, and its newest values (newest first)."""
+
+    key: str
+    count: int
+    closed: bool
+    last_at: datetime
+    newest: list[StreamValue]
+
+
+@dataclass(frozen=True, slots=True)
 class Events:
     """Each key's current value, and the newest values of every key (newest first)."""
 
@@ -253,6 +273,8 @@ class ListFilter:
     since: datetime | None = None
     until: datetime | None = None
     parent: str | None = None
+    # Tags the executions must have, as a JSON object's text.
+    tags: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +374,7 @@ def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = No
         "since": where.since or "-infinity", "until": _before(where.until) if where.until else "infinity",
         "limit": limit,
         "parent": where.parent,
+        "tags": where.tags,
     }
     if newer_than is not None:
         params["at"], params["id"] = _at(newer_than[0]), newer_than[1]
@@ -453,6 +476,21 @@ def events_history(execution_id: str, limit: int = MAX_EVENTS,
 
     return store.Call("dash_events_history", {"id": execution_id, "limit": limit, "max": preview}, read,
                       row_factory=dict_row)
+
+
+def stream_keys(execution_id: str, limit: int = MAX_STREAMS) -> store.Call[list[store.Stream]]:
+    return store.list_streams(execution_id, limit)
+
+
+def stream_values(execution_id: str, stream: store.Stream, limit: int = MAX_STREAM_VALUES,
+                  preview: int = STEP_PREVIEW) -> store.Call[StreamInfo]:
+    def read(rows: list[dict[str, Any]]) -> StreamInfo:
+        return StreamInfo(stream.key, stream.values, stream.closed, stream.last_at,
+                          [StreamValue(row["step_id"], Payload(row["text"], row["size"]), row["created_at"])
+                           for row in rows])
+
+    return store.Call("dash_stream_values", {"id": execution_id, "key": stream.key, "limit": limit,
+                                             "max": preview}, read, row_factory=dict_row)
 
 
 def schedules(limit: int = 500) -> store.Call[list[ScheduleInfo]]:

@@ -1,4 +1,5 @@
-"""What a workflow can wait on: durable sleep, messages, child workflows; and events, sends, patches.
+"""What a workflow can wait on: durable sleep, messages, child workflows; and events, sends, patches, tags
+and streams.
 
 Each primitive is written once, as a plan: a generator that yields effects (a step write, or a statement
 on the worker's writer) and receives their results. ``drive_sync`` runs a plan from a sync workflow's
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import failures, store
+from . import failures, limits, store
 from .context import ExecutionContext, current
 from .errors import ConfigurationError, ResultTimeout, WorkflowIdConflict, WorkflowNotFound, outcome_error
 from .plans import Plan, drive_async, drive_sync
@@ -110,6 +111,35 @@ def set_event_plan(ctx: ExecutionContext, key: str, value: Any) -> Plan:
                                       value=text)
     if not published:
         raise ctx.lease_lost(f"publishing event {key!r}")
+
+
+def set_tags_plan(ctx: ExecutionContext, tags: dict[str, str]) -> Plan:
+    """Add to the execution's tags: a step, so a replay does not write them again."""
+    checked = limits.tags(tags)
+    if checked is None:  # nothing to add: no step either
+        return
+    step_id, recorded = ctx.begin_step("pgdurable.set_tags")
+    if recorded is not None:
+        return
+    written = yield store.set_tags(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
+                                   step_name="pgdurable.set_tags", started_at=ctx.db_now(), tags=json.dumps(checked))
+    if not written:
+        raise ctx.lease_lost("setting tags")
+
+
+def write_stream_plan(ctx: ExecutionContext, key: str, value: Any, close: bool) -> Plan:
+    """Write one value to the stream ``key`` (or close it): the value and its step are one statement, so a
+    replay finds the step and writes nothing, and a value is never written twice."""
+    limits.key(key, "stream key")
+    name = "pgdurable.close_stream" if close else "pgdurable.write_stream"
+    step_id, recorded = ctx.begin_step(name)
+    if recorded is not None:
+        return
+    text = None if close else ctx.serializer.dumps(value)
+    written = yield store.write_stream(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id, step_name=name,
+                                       started_at=ctx.db_now(), key=key, value=text)
+    if not written:
+        raise ctx.lease_lost(f"writing to stream {key!r}")
 
 
 def send_plan(ctx: ExecutionContext, call: store.Call[bool]) -> Plan:
@@ -296,3 +326,39 @@ async def gather_async(handles: Sequence[Any], timeout: float | None = None) -> 
     ctx = workflow_context("pgdurable.gather_async()")
     recorded = await drive_async(ctx, await_plan(ctx, [h.workflow_id for h in handles], timeout))
     return [outcome(ctx, r, h._return_hint) for r, h in zip(recorded, handles, strict=True)]
+
+
+def set_tags(tags: dict[str, str]) -> None:
+    """Add ``tags`` (string keys and values) to this workflow's tags, replacing values of keys it has; found
+    with ``App.list_workflows(tags=...)``. Recorded as a step: written once, whatever replays."""
+    ctx = workflow_context("pgdurable.set_tags()")
+    drive_sync(ctx, set_tags_plan(ctx, tags))
+
+
+async def set_tags_async(tags: dict[str, str]) -> None:
+    ctx = workflow_context("pgdurable.set_tags_async()")
+    await drive_async(ctx, set_tags_plan(ctx, tags))
+
+
+def write_stream(key: str, value: Any) -> None:
+    """Append ``value`` to this workflow's stream ``key``; readers (``App.read_stream``) get the values in
+    order as they are written. Each value is written exactly once, even if the workflow is resumed."""
+    ctx = workflow_context("pgdurable.write_stream()")
+    drive_sync(ctx, write_stream_plan(ctx, key, value, False))
+
+
+async def write_stream_async(key: str, value: Any) -> None:
+    ctx = workflow_context("pgdurable.write_stream_async()")
+    await drive_async(ctx, write_stream_plan(ctx, key, value, False))
+
+
+def close_stream(key: str) -> None:
+    """End the stream ``key``: its readers stop after its last value (they also stop when the workflow
+    ends)."""
+    ctx = workflow_context("pgdurable.close_stream()")
+    drive_sync(ctx, write_stream_plan(ctx, key, None, True))
+
+
+async def close_stream_async(key: str) -> None:
+    ctx = workflow_context("pgdurable.close_stream_async()")
+    await drive_async(ctx, write_stream_plan(ctx, key, None, True))

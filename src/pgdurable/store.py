@@ -94,6 +94,13 @@ class Execution:
     app_version: str | None = None
     dedup_key: str | None = None
     concurrency_key: str | None = None
+    # The execution's tags, as a dict (stored as a JSON object; read as its text, decoded here).
+    tags: dict[str, str] | None = None
+    debounce_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tags, str):
+            object.__setattr__(self, "tags", json.loads(self.tags))
 
     @property
     def error_info(self) -> dict[str, Any] | None:
@@ -192,10 +199,15 @@ def _tuples(rows: Rows) -> list[tuple[Any, ...]]:
 
 def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
             delay: float, timeout: float | None = None, dedup_key: str | None = None,
-            concurrency_key: str | None = None, trace: str | None = None) -> Call[Enqueued | None]:
+            concurrency_key: str | None = None, trace: str | None = None, tags: str | None = None,
+            debounce: tuple[str, float, float | None] | None = None) -> Call[Enqueued | None]:
+    """``tags``: a JSON object's text; ``debounce``: (key, seconds, max seconds), see limits.debounce."""
+    debounce_key, debounce_seconds, debounce_max_seconds = debounce or (None, None, None)
     return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                             "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                            "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace},
+                            "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace,
+                            "tags": tags, "debounce_key": debounce_key, "debounce_seconds": debounce_seconds,
+                            "debounce_max_seconds": debounce_max_seconds},
                 _first, row_factory=class_row(Enqueued))
 
 
@@ -210,11 +222,12 @@ def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str
 
 
 def enqueue_many(*, rows: str, name: str, queue: str, priority: int, max_recoveries: int,
-                 delay: float, timeout: float | None = None, trace: str | None = None) -> Call[set[str]]:
-    """``rows``: a JSON array of {"id": ..., "input": ...} objects (the rows of insert_executions_v1)."""
+                 delay: float, timeout: float | None = None, trace: str | None = None,
+                 tags: str | None = None) -> Call[set[str]]:
+    """``rows``: a JSON array of {"id": ..., "input": ...} objects (the rows of insert_executions_v2)."""
     return Call("enqueue_many", {"rows": rows, "name": name, "queue": queue, "priority": priority,
                                  "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                                 "trace": trace},
+                                 "trace": trace, "tags": tags},
                 lambda found: {row[0] for row in found})
 
 
@@ -224,10 +237,10 @@ def names_of(ids: list[str]) -> Call[dict[str, Any]]:
 
 def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, max_recoveries: int,
                 owner: str, lease: float, timeout: float | None, version: str,
-                trace: str | None = None) -> Call[tuple[Any, ...] | None]:
+                trace: str | None = None, tags: str | None = None) -> Call[tuple[Any, ...] | None]:
     return Call("start_owned", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                                 "max_recoveries": max_recoveries, "owner": owner, "lease": lease,
-                                "timeout": timeout, "version": version, "trace": trace},
+                                "timeout": timeout, "version": version, "trace": trace, "tags": tags},
                 lambda rows: rows[0] if rows else None)
 
 
@@ -330,6 +343,19 @@ def list_executions(*, status: str | None, name: str | None, queue: str | None,
                     limit: int) -> Call[list[Execution]]:
     return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},
                 _all, row_factory=class_row(Execution))
+
+
+def list_executions_by_tags(*, tags: str, status: str | None, name: str | None, queue: str | None,
+                            limit: int) -> Call[list[Execution]]:
+    """``tags``: a JSON object's text; executions whose tags contain it."""
+    return Call("list_executions_by_tags", {"tags": tags, "status": status, "name": name, "queue": queue,
+                                            "limit": limit}, _all, row_factory=class_row(Execution))
+
+
+def set_tags(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime,
+             tags: str) -> Call[bool]:
+    return Call("set_tags", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
+                             "started_at": started_at, "tags": tags}, lambda rows: bool(rows[0][0]))
 
 
 def list_steps(id: str) -> Call[list[Step]]:
@@ -470,8 +496,8 @@ def list_events(id: str) -> Call[list[Event]]:
 def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, started_at: datetime, id: str,
                   name: str, queue: str, priority: int, input: str, max_recoveries: int, delay: float,
                   timeout: float | None, concurrency_key: str | None = None,
-                  dedup_key: str | None = None,
-                  trace: str | None = None) -> Call[tuple[bool, str | None, str | None]]:
+                  dedup_key: str | None = None, trace: str | None = None,
+                  tags: str | None = None) -> Call[tuple[bool, str | None, str | None]]:
     """Returns (recorded, the name of the workflow the id belongs to, the conflict error recorded if the id
     belongs to another workflow)."""
     if dedup_key is not None:
@@ -480,7 +506,7 @@ def enqueue_child(*, parent: str, attempt: int, step_id: int, step_name: str, st
                                   "step_name": step_name, "started_at": started_at, "id": id, "name": name,
                                   "queue": queue, "priority": priority, "input": input,
                                   "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
-                                  "concurrency_key": concurrency_key, "trace": trace},
+                                  "concurrency_key": concurrency_key, "trace": trace, "tags": tags},
                 lambda rows: (bool(rows[0]["recorded"]), rows[0]["name"], rows[0]["conflict"]),
                 row_factory=dict_row)
 
@@ -531,3 +557,50 @@ def try_leadership(schema: str) -> Call[bool]:
 
 def holds_leadership(schema: str) -> Call[bool]:
     return Call("holds_leadership", {"schema": schema}, lambda rows: bool(rows[0][0]))
+
+
+# ---- streams (sql/queries/waits.sql) ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class StreamRead:
+    """One look at a stream: its execution had finished (when the values were read), the values after the
+    last one seen (step id, JSON text), and whether the stream's close was among them. exists is False
+    when there is no such execution."""
+
+    exists: bool
+    ended: bool
+    values: list[tuple[int, str]]
+    closed: bool
+
+
+def _stream_read(rows: list[dict[str, Any]]) -> StreamRead:
+    if not rows:
+        return StreamRead(False, True, [], False)
+    values = [(row["step_id"], row["value"]) for row in rows if row["step_id"] is not None and not row["closed"]]
+    return StreamRead(True, bool(rows[0]["ended"]), values, any(row["closed"] for row in rows))
+
+
+def write_stream(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime, key: str,
+                 value: str | None) -> Call[bool]:
+    """A value (JSON text) written to a stream, or its close (``value`` None), recorded as the step."""
+    return Call("write_stream", {"id": id, "attempt": attempt, "step_id": step_id, "step_name": step_name,
+                                 "started_at": started_at, "key": key, "value": value},
+                lambda rows: bool(rows[0][0]))
+
+
+def read_stream(*, id: str, key: str, after: int, limit: int = 1000) -> Call[StreamRead]:
+    return Call("read_stream", {"id": id, "key": key, "after": after, "limit": limit}, _stream_read,
+                row_factory=dict_row)
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    key: str
+    values: int
+    closed: bool
+    last_at: datetime
+
+
+def list_streams(id: str, limit: int = 1000) -> Call[list[Stream]]:
+    return Call("list_streams", {"id": id, "limit": limit}, _all, row_factory=class_row(Stream))
+

@@ -17,7 +17,8 @@ R = TypeVar("R")
 
 # Keyword arguments that App.enqueue and App.start take for themselves.
 RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_recoveries", "conn",
-                             "timeout_seconds", "dedup_key", "concurrency_key", "on_duplicate"})
+                             "timeout_seconds", "dedup_key", "concurrency_key", "on_duplicate", "tags",
+                             "debounce_key", "debounce_seconds", "debounce_max_seconds"})
 
 
 class Workflow(Generic[P, R]):

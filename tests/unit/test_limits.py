@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgdurable import limits
+from pgdurable.errors import ConfigurationError
 from pgdurable.limits import MAX_SECONDS
+from pgdurable.workflows import Workflow
 
 INT4 = 2**31
 NOT_NUMBERS = [None, "1", b"1", [1], True, False, 1j]
@@ -176,3 +178,42 @@ def test_key_property(value: str) -> None:
     else:
         with pytest.raises(ValueError):
             limits.key(value, "k")
+
+
+# ---- tags and debounce ------------------------------------------------------------------------------------
+
+def test_tags_accepts_string_dicts_and_treats_empty_as_none() -> None:
+    assert limits.tags(None) is None and limits.tags({}) is None
+    tags = {f"k{i}": "v" * limits.MAX_TAG_VALUE for i in range(limits.MAX_TAGS)}
+    assert limits.tags(tags) == tags
+    assert limits.tags({"k" * limits.MAX_TAG_KEY: ""}) == {"k" * limits.MAX_TAG_KEY: ""}
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    ({"a": 1}, TypeError), ({1: "a"}, TypeError), ("a=b", TypeError), ([("a", "b")], TypeError),
+    ({"": "a"}, ValueError), ({"k" * 101: "a"}, ValueError), ({"a": "v" * 201}, ValueError),
+    ({str(i): "" for i in range(33)}, ValueError), ({"a": "\x00"}, ValueError), ({"a": "\ud800"}, ValueError),
+])
+def test_tags_refuses_what_cannot_be_searched_or_stored(value: Any, error: type) -> None:
+    with pytest.raises(error):
+        limits.tags(value)
+
+
+def test_debounce_options() -> None:
+    assert limits.debounce(None, None, None) is None
+    assert limits.debounce("k", 5, None) == ("k", 5.0, None)
+    assert limits.debounce("k", 0, 60) == ("k", 0.0, 60.0)
+    for key, seconds, longest in (("k", None, None), (None, 1, None), (None, None, 5), ("", 1, None),
+                                  ("k", -1, None), ("k", 1, math.inf), ("k", MAX_SECONDS + 1, None)):
+        with pytest.raises(ValueError):
+            limits.debounce(key, seconds, longest)
+    with pytest.raises(TypeError):
+        limits.debounce("k", "5", None)
+
+
+def test_enqueue_options_are_reserved_parameter_names() -> None:
+    for name in ("tags", "debounce_key", "debounce_seconds", "debounce_max_seconds"):
+        namespace: dict[str, Any] = {}
+        exec(f"def wf({name}): pass", namespace)  # a function with that parameter name
+        with pytest.raises(ConfigurationError, match="rename them"):
+            Workflow(namespace["wf"], name="wf", queue="default", priority=0, max_recoveries=None)

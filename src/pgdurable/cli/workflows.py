@@ -56,14 +56,17 @@ def list_workflows(
     name: Annotated[str | None, typer.Option(help="Workflow name.")] = None,
     queue: Annotated[str | None, typer.Option(help="Queue name.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    tag: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: only executions with this tag (repeatable: "
+                                                      "all of them).")] = None,
     database_url: DatabaseUrl = None, schema: Schema = None, as_json: AsJson = False,
 ) -> None:
     """List executions, newest first.
 
-    Example: pgdurable workflows list --status failed --queue orders --limit 20 --json
+    Example: pgdurable workflows list --status failed --queue orders --tag customer=42 --limit 20 --json
     """
+    tags = _parse_tags(tag or [])
     with open_app(database_url, schema) as app:
-        executions = app.list_workflows(status=status, name=name, queue=queue, limit=limit)
+        executions = app.list_workflows(status=status, name=name, queue=queue, tags=tags, limit=limit)
     if as_json:
         print(dump([_execution_dict(e) for e in executions]))
         return
@@ -73,6 +76,16 @@ def list_workflows(
         table.add_row(Text(e.id), Text(e.name), e.queue, Text(e.status), str(e.attempt), when(e.created_at),
                       when(e.completed_at), Text(short(error)))
     console.print(table)
+
+
+def _parse_tags(given: list[str]) -> dict[str, str] | None:
+    tags: dict[str, str] = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--tag takes KEY=VALUE, not {item!r}", param_hint="--tag")
+        tags[key] = value
+    return tags or None
 
 
 @workflows_cli.command("show")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .. import monitoring, store
+from .. import limits, monitoring, store
 from ..errors import ConfigurationError, WorkflowNotFound
 from ..redaction import redact
 from . import views
@@ -162,7 +163,8 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             since, until = _time_range(params, now, problems)
             where = monitoring.ListFilter(status=params.get("status") or None, name=params.get("name") or None,
                                           queue=params.get("queue") or None, id_prefix=search or None,
-                                          since=since, until=until, parent=params.get("parent") or None)
+                                          since=since, until=until, parent=params.get("parent") or None,
+                                          tags=_tags(params.get("tag"), problems))
             before, after = views.decode_cursor(params.get("before")), views.decode_cursor(params.get("after"))
             rows: list[monitoring.ListedExecution] = []
             has_newer = has_older = False
@@ -180,7 +182,8 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
                 has_newer = before is not None
             queues = read(monitoring.queues())
             names = read(monitoring.known_names())
-        filters = {k: params.get(k) for k in ("status", "name", "queue", "q", "within", "from", "to", "parent")}
+        filters = {k: params.get(k) for k in ("status", "name", "queue", "q", "within", "from", "to", "parent",
+                                              "tag")}
         if limit != PAGE_SIZE:
             filters["limit"] = str(limit)
         cursor = {"before": params.get("before"), "after": params.get("after") if after is not None else None}
@@ -214,10 +217,12 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             messages = monitoring.Messages(read(monitoring.messages(workflow_id)) if total else [], total, pending)
             latest = read(monitoring.events_latest(workflow_id))
             events = monitoring.Events(latest, read(monitoring.events_history(workflow_id)) if latest else [])
+            keys = read(monitoring.stream_keys(workflow_id))
+            streams = [read(monitoring.stream_values(workflow_id, key)) for key in keys]
         finished = detail.status in store.TERMINAL
         context = {
             "now": now, "e": detail, "steps": steps, "input": given, "finished": finished,
-            "children": children, "messages": messages, "events": events,
+            "children": children, "messages": messages, "events": events, "streams": streams,
             "first_failed": next((s.step_id for s in steps if s.error), None),
             "timeline": views.timeline(detail, steps, now), "extras": views.detail_extras(detail),
             "notice": _NOTICES.get(request.query_params.get("notice", "")),
@@ -396,6 +401,25 @@ async def _form(request: Request) -> dict[str, str] | None:
 def _statuses() -> list[str]:
     # The statuses the engine writes; any other can still be typed into the URL.
     return ["enqueued", "waiting", "running", "succeeded", "failed", "cancelled"]
+
+
+def _tags(text: str | None, problems: list[str]) -> str | None:
+    """The tag filter "customer=42, tier=gold" as the JSON object the list query takes; a problem if invalid."""
+    if not text or not text.strip():
+        return None
+    tags: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key.strip():
+            problems.append(f"tags: {item.strip()!r} is not key=value; the tag filter was ignored")
+            return None
+        tags[key.strip()] = value.strip()
+    try:
+        limits.tags(tags)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"tags: {exc}; the tag filter was ignored")
+        return None
+    return json.dumps(tags)
 
 
 def _time_range(params: Any, now: datetime, problems: list[str]) -> tuple[datetime | None, datetime | None]:

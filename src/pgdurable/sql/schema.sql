@@ -107,6 +107,16 @@ CREATE TABLE workflow_executions (
     dedup_key       text        CHECK (length(dedup_key) BETWEEN 1 AND 200),
     -- The W3C trace context (traceparent, as a JSON object) of the code that enqueued it (tracing.py).
     trace_context   jsonb,
+    -- Searchable labels: a JSON object of string values ({"customer": "42"}), given at enqueue and added
+    -- to by pgdurable.set_tags; found by containment (tags @> ...) along workflow_executions_tags_idx.
+    tags            jsonb       CONSTRAINT workflow_executions_tags_object CHECK (jsonb_typeof(tags) = 'object'),
+    -- A debounced enqueue: while this execution has not started, enqueues of its workflow with the same key
+    -- update it instead of creating another (workflow_executions_debounce_idx), pushing its start back,
+    -- but never past debounce_deadline (the burst's first enqueue plus its maximum wait).
+    debounce_key    text        CHECK (length(debounce_key) BETWEEN 1 AND 200),
+    debounce_deadline timestamptz
+        CONSTRAINT workflow_executions_debounce_deadline_range
+        CHECK (debounce_deadline BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'),
     CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)),
     CONSTRAINT workflow_executions_status_check
         CHECK (status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -165,6 +175,18 @@ CREATE INDEX workflow_executions_key_running_idx
     ON workflow_executions (queue, concurrency_key)
     WHERE concurrency_key IS NOT NULL AND status = 'running';
 
+-- Tags, searched by containment (list_workflows(tags=...); tags @> x implies tags IS NOT NULL, so the
+-- planner uses this index). Partial: an execution without tags costs the index nothing.
+CREATE INDEX workflow_executions_tags_idx
+    ON workflow_executions USING gin (tags jsonb_path_ops)
+    WHERE tags IS NOT NULL;
+
+-- Debounce: one pending (not yet started) execution per workflow and debounce key. A claim sets
+-- started_at, so a running execution leaves the index and the next enqueue starts a new burst.
+CREATE UNIQUE INDEX workflow_executions_debounce_idx
+    ON workflow_executions (name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status IN ('enqueued', 'waiting');
+
 -- == Steps =============================================================================================
 
 -- One row per completed step of an execution: its recorded output or error. Written once (INSERT ... ON
@@ -217,6 +239,23 @@ CREATE TABLE workflow_events (
     value         jsonb       NOT NULL,
     created_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (execution_id, key, step_id)
+);
+
+-- Streams an execution writes (pgdurable.write_stream): every value under a key, in order of the
+-- write_stream step that wrote it (exactly once: the value and its step are one statement). A row with
+-- closed = true (and no value) ends the key's stream (pgdurable.close_stream). Readers wait on NOTIFY.
+CREATE TABLE workflow_streams (
+    execution_id  text        NOT NULL,
+    key           text        NOT NULL CHECK (length(key) BETWEEN 1 AND 200),
+    step_id       integer     NOT NULL,
+    value         jsonb,
+    closed        boolean     NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (execution_id, key, step_id),
+    CHECK (closed = (value IS NULL))
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.02
 );
 
 -- == Queues and their policies =========================================================================
@@ -438,6 +477,11 @@ CREATE TRIGGER workflow_events_notify
     AFTER INSERT ON workflow_events
     FOR EACH ROW EXECUTE FUNCTION notify_event();
 
+-- A stream value (or its close) wakes its readers on the same channel as events.
+CREATE TRIGGER workflow_streams_notify
+    AFTER INSERT ON workflow_streams
+    FOR EACH ROW EXECUTE FUNCTION notify_event();
+
 CREATE TRIGGER schedules_notify_insert
     AFTER INSERT ON schedules
     FOR EACH ROW WHEN (NOT NEW.paused)
@@ -496,11 +540,140 @@ $$;
 -- == Creating executions: the one insert path ==========================================================
 
 -- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
--- enqueue_workflow) inserts through insert_executions_v1, so the values derived at creation are decided
+-- enqueue_workflow) inserts through insert_executions_v2, so the values derived at creation are decided
 -- in one place.
 
--- One execution to create, as insert_executions_v1 reads it from JSON (by field name; absent fields are
--- NULL, then the function's defaults apply).
+-- One execution to create, as insert_executions_v2 reads it from JSON (by field name; absent fields are
+-- NULL, then the function's defaults apply). Fields: those of execution_spec_v1 below, then tags,
+-- debounce_key, debounce_seconds and debounce_max_seconds.
+CREATE TYPE execution_spec_v2 AS (
+    id                   text,
+    name                 text,
+    input                jsonb,
+    queue                text,
+    priority             integer,
+    max_recoveries       integer,
+    start_at             timestamptz,
+    delay_seconds        double precision,
+    timeout_seconds      double precision,
+    deadline             timestamptz,
+    dedup_key            text,
+    concurrency_key      text,
+    trace_context        jsonb,
+    parent_id            text,
+    forked_from          text,
+    owner_id             text,
+    lease_seconds        double precision,
+    app_version          text,
+    tags                 jsonb,
+    debounce_key         text,
+    debounce_seconds     double precision,
+    debounce_max_seconds double precision
+);
+
+CREATE FUNCTION insert_executions_v2(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    at timestamptz := clock_now();
+    created integer;
+    debounced integer;
+BEGIN
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
+                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
+                                          started_at, app_version, created_at, updated_at, tags)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.delayed THEN 'delay' END,
+           s.timeout_seconds,
+           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
+                THEN least(coalesce(s.deadline, 'infinity'),
+                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                ELSE s.deadline END,
+           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
+           s.owner_id,
+           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
+           CASE WHEN s.owned THEN 1 ELSE 0 END,
+           CASE WHEN s.owned THEN at END,
+           s.app_version, at, at, nullif(nullif(s.tags, 'null'), '{}')
+    FROM (
+        SELECT p.*, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows))
+                 WITH ORDINALITY AS p
+        WHERE p.debounce_key IS NULL
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT DO NOTHING
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS created = ROW_COUNT;
+    -- A bulk enqueue (no debounce key anywhere) pays one JSON path scan here, not a second parse of its rows.
+    IF NOT (rows @? '$[*].debounce_key ? (@ != null)' OR coalesce(common -> 'debounce_key', 'null') <> 'null') THEN
+        IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+                USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+        END IF;
+        RETURN;
+    END IF;
+
+    -- Debounced: one pending (not yet started) execution per (workflow, key). A later enqueue of the burst
+    -- takes its place: its arguments and tags, and a start debounce_seconds from now, but never after the
+    -- burst's deadline (its first enqueue plus debounce_max_seconds). A row a worker is claiming at this
+    -- moment is waited for; once started it is no longer pending, so this insert starts the next burst.
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, concurrency_key, trace_context,
+                                          created_at, updated_at, tags, debounce_key, debounce_deadline)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.available_at > at THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.available_at > at THEN 'delay' END,
+           s.timeout_seconds, s.concurrency_key, nullif(s.trace_context, 'null'), at, at,
+           nullif(nullif(s.tags, 'null'), '{}'), s.debounce_key, s.debounce_deadline
+    FROM (
+        SELECT p.*, least(at + make_interval(secs => coalesce(p.debounce_seconds, 0)), d.deadline) AS available_at,
+               d.deadline AS debounce_deadline
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows))
+                 WITH ORDINALITY AS p,
+             LATERAL (SELECT at + make_interval(secs => p.debounce_max_seconds) AS deadline) AS d
+        WHERE p.debounce_key IS NOT NULL
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT (name, debounce_key)
+        WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status IN ('enqueued', 'waiting')
+    DO UPDATE SET
+        input = EXCLUDED.input, tags = EXCLUDED.tags, priority = EXCLUDED.priority,
+        timeout_seconds = EXCLUDED.timeout_seconds, concurrency_key = EXCLUDED.concurrency_key,
+        available_at = least(EXCLUDED.available_at, e.debounce_deadline),
+        status = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'waiting' ELSE 'enqueued' END,
+        wait_reason = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'delay' END,
+        updated_at = at
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS debounced = ROW_COUNT;
+    IF raise_on_conflict AND created + debounced < jsonb_array_length(rows) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+            USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+    END IF;
+END;
+$$;
+
+-- The insert of the previous release, for its workers during a deploy: the same as v2.
+CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT * FROM insert_executions_v2(rows, common, raise_on_conflict);
+$$;
+
+-- One execution as the previous release's insert read it (kept while insert_executions_v1 is).
 CREATE TYPE execution_spec_v1 AS (
     id              text,
     name            text,
@@ -526,55 +699,6 @@ CREATE TYPE execution_spec_v1 AS (
     app_version     text
 );
 
-CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
-RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-#variable_conflict use_column
-DECLARE
-    -- Read once: clock_now() is a (pinned, so not inlined) function call.
-    at timestamptz := clock_now();
-    created integer;
-BEGIN
-    RETURN QUERY
-    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
-                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
-                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
-                                          started_at, app_version, created_at, updated_at)
-    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
-           coalesce(s.max_recoveries, 5), s.available_at,
-           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
-           CASE WHEN s.delayed THEN 'delay' END,
-           s.timeout_seconds,
-           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
-                THEN least(coalesce(s.deadline, 'infinity'),
-                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
-                ELSE s.deadline END,
-           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
-           s.owner_id,
-           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
-           CASE WHEN s.owned THEN 1 ELSE 0 END,
-           CASE WHEN s.owned THEN at END,
-           s.app_version, at, at
-    FROM (
-        SELECT p.*, p.owner_id IS NOT NULL AS owned,
-               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
-               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
-        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v1, common), rows))
-                 WITH ORDINALITY AS p
-        ORDER BY p.ordinality
-    ) AS s
-    ON CONFLICT DO NOTHING
-    RETURNING e.id, e.name, e.status, e.attempt, e.input;
-    GET DIAGNOSTICS created = ROW_COUNT;
-    IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
-        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
-            USING ERRCODE = '23505', DETAIL = 'insert_executions_v1: an id given is taken';
-    END IF;
-END;
-$$;
-
 -- == The SQL API (any language, inside the caller's transaction) =======================================
 
 -- Enqueue a workflow inside the caller's transaction: it exists if and only if that transaction commits,
@@ -582,7 +706,10 @@ $$;
 -- returns the same id. Arguments go by name in a JSON object: '{"order_id": 42}'. A delayed start waits
 -- in 'waiting' (out of the claim index) until the timer enqueues it. With a dedup_key that an unfinished
 -- execution of the queue already has, returns that execution's id instead of a new one. Refuses (SQLSTATE
--- 22023) every value outside the limits, and ids in the reserved "sched:" namespace.
+-- 22023) every value outside the limits, and ids in the reserved "sched:" namespace. tags: a JSON object
+-- of string values. debounce_key (with debounce_seconds, optionally debounce_max_seconds): while an
+-- execution of this workflow with this key has not started, update it (arguments, tags, a start
+-- debounce_seconds from now, never past its first enqueue plus debounce_max_seconds) and return its id.
 CREATE FUNCTION enqueue_workflow(
     workflow_name   text,
     input           jsonb       DEFAULT '{}',
@@ -594,7 +721,11 @@ CREATE FUNCTION enqueue_workflow(
     max_recoveries  integer     DEFAULT 5,
     timeout_seconds double precision DEFAULT NULL,
     dedup_key       text        DEFAULT NULL,
-    concurrency_key text        DEFAULT NULL
+    concurrency_key text        DEFAULT NULL,
+    tags            jsonb       DEFAULT NULL,
+    debounce_key    text        DEFAULT NULL,
+    debounce_seconds     double precision DEFAULT NULL,
+    debounce_max_seconds double precision DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -657,11 +788,47 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    PERFORM FROM insert_executions_v1(jsonb_build_array(jsonb_build_object(
+    IF tags IS NOT NULL AND (jsonb_typeof(tags) <> 'object'
+        OR (SELECT count(*) FROM jsonb_each(tags)) > 32
+        OR EXISTS (SELECT 1 FROM jsonb_each(tags) t
+                   WHERE jsonb_typeof(t.value) <> 'string' OR length(t.key) NOT BETWEEN 1 AND 100
+                      OR length(t.value #>> '{}') > 200)) THEN
+        RAISE EXCEPTION 'enqueue_workflow: tags must be a JSON object of at most 32 string values, keys of 1 to '
+                        '100 characters and values of at most 200'
+            USING ERRCODE = '22023', HINT = 'for example: ''{"customer": "42"}''::jsonb';
+    END IF;
+    IF debounce_key IS NOT NULL THEN
+        IF length(debounce_key) NOT BETWEEN 1 AND 200 THEN
+            RAISE EXCEPTION 'enqueue_workflow: debounce_key must be 1 to 200 characters' USING ERRCODE = '22023';
+        END IF;
+        IF workflow_id IS NOT NULL OR dedup_key IS NOT NULL OR start_at IS NOT NULL OR delay IS NOT NULL THEN
+            RAISE EXCEPTION 'enqueue_workflow: a debounced enqueue takes no workflow_id, dedup_key, start_at or '
+                            'delay (the burst decides its id and its start)'
+                USING ERRCODE = '22023';
+        END IF;
+        IF debounce_seconds IS NULL OR NOT (debounce_seconds >= 0 AND debounce_seconds <= 315360000)
+           OR NOT (debounce_max_seconds IS NULL
+                   OR (debounce_max_seconds >= 0 AND debounce_max_seconds <= 315360000)) THEN
+            RAISE EXCEPTION 'enqueue_workflow: debounce_seconds (given) and debounce_max_seconds (optional) must be '
+                            'finite numbers of seconds from 0 to 315360000 (10 years)'
+                USING ERRCODE = '22023';
+        END IF;
+        RETURN (SELECT i.id FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
+            'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
+            'max_recoveries', max_recoveries, 'timeout_seconds', timeout_seconds,
+            'concurrency_key', concurrency_key, 'tags', tags, 'debounce_key', debounce_key,
+            'debounce_seconds', debounce_seconds, 'debounce_max_seconds', debounce_max_seconds))) AS i);
+    ELSIF debounce_seconds IS NOT NULL OR debounce_max_seconds IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue_workflow: debounce_seconds and debounce_max_seconds need a debounce_key'
+            USING ERRCODE = '22023';
+    END IF;
+
+    PERFORM FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
         'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
         'max_recoveries', max_recoveries,
         'start_at', coalesce(start_at, clock_now() + coalesce(delay, interval '0')),
-        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key)));
+        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key,
+        'tags', tags)));
     IF NOT FOUND THEN
         SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
         IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
@@ -997,7 +1164,8 @@ DECLARE
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION %1$I.enqueue_workflow(text, jsonb, text, text, integer, '
-                   'timestamptz, interval, integer, double precision, text, text), %1$I.workflow_status(text), '
+                   'timestamptz, interval, integer, double precision, text, text, jsonb, text, double precision, '
+                   'double precision), %1$I.workflow_status(text), '
                    '%1$I.cancel_workflow(text), %1$I.send_message(text, jsonb, text, text), '
                    '%1$I.workflow_event(text, text) TO %2$I', schema_name, role_name);
 END;
@@ -1049,13 +1217,14 @@ $$;
 
 -- Everything above that is not for everybody.
 REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timestamptz, interval, integer,
-                                        double precision, text, text),
+                                        double precision, text, text, jsonb, text, double precision,
+                                        double precision),
                        workflow_status(text), cancel_workflow(text),
                        send_message(text, jsonb, text, text), workflow_event(text, text),
                        checkpoint_step(text, integer, integer, text, jsonb, jsonb, integer, timestamptz),
                        set_queue_policy(text, integer, integer, integer, double precision, integer),
                        claim_with_policy(text, text[], text, double precision, integer, text),
-                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean),
+                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
     FROM PUBLIC;

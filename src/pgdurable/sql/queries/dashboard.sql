@@ -110,6 +110,7 @@ WHERE (created_at, id) < (%(at)s::timestamptz, %(id)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
   AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -125,6 +126,7 @@ WHERE created_at >= %(since)s::timestamptz AND created_at <= %(until)s::timestam
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
   AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -140,6 +142,7 @@ WHERE (created_at, id) > (%(at)s::timestamptz, %(id)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(prefix)s::text IS NULL OR starts_with(id, %(prefix)s::text))
   AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(tags)s::jsonb IS NULL OR tags @> %(tags)s::jsonb)
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
@@ -217,6 +220,15 @@ SELECT DISTINCT ON (key) key, step_id, left(value::text, %(max)s) AS text, octet
 FROM workflow_events
 WHERE execution_id = %(id)s
 ORDER BY key DESC, step_id DESC
+LIMIT %(limit)s;
+
+-- name: dash_stream_values
+-- The newest %(limit)s values of one of an execution's streams, cut to %(max)s characters, with their sizes.
+-- Walks the primary key (execution_id, key, step_id) backwards.
+SELECT step_id, left(value::text, %(max)s) AS text, octet_length(value::text) AS size, created_at
+FROM workflow_streams
+WHERE execution_id = %(id)s AND key = %(key)s AND NOT closed
+ORDER BY step_id DESC
 LIMIT %(limit)s;
 
 -- name: dash_events_history

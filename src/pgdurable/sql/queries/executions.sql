@@ -4,14 +4,18 @@
 -- name: enqueue
 -- Idempotent by id: a second enqueue with the same id returns the existing row (created = false). With a
 -- dedup key that an unfinished execution of the queue holds, returns that one (another id).
--- The insert (and what a delay means) is insert_executions_v1's, like every way of creating executions.
+-- The insert (and what a delay means) is insert_executions_v2's, like every way of creating executions. A
+-- debounced enqueue returns the burst's pending execution (created or updated: created is true either way).
 WITH inserted AS (
     SELECT i.id, i.name, true AS created
-    FROM insert_executions_v1(jsonb_build_array(jsonb_build_object(
+    FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
         'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
         'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
         'timeout_seconds', %(timeout)s::float8, 'dedup_key', %(dedup_key)s::text,
-        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb))) AS i
+        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb,
+        'tags', %(tags)s::jsonb, 'debounce_key', %(debounce_key)s::text,
+        'debounce_seconds', %(debounce_seconds)s::float8,
+        'debounce_max_seconds', %(debounce_max_seconds)s::float8))) AS i
 )
 SELECT id, name, created FROM inserted
 UNION ALL
@@ -30,21 +34,24 @@ WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s AND status IN ('enqueued',
 -- name: enqueue_in_transaction
 -- Enqueue on the caller's own connection, inside its transaction, through the SQL function (schema-
 -- qualified, since the caller's search_path is its own).
-SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s, %(id)s, %(priority)s, NULL,
-                                 make_interval(secs => %(delay)s), %(max_recoveries)s, %(timeout)s,
-                                 %(dedup_key)s, %(concurrency_key)s);
+SELECT {schema}.enqueue_workflow(%(name)s, %(input)s::jsonb, %(queue)s,
+                                 CASE WHEN %(debounce_key)s::text IS NULL THEN %(id)s END, %(priority)s, NULL,
+                                 CASE WHEN %(debounce_key)s::text IS NULL THEN make_interval(secs => %(delay)s) END,
+                                 %(max_recoveries)s, %(timeout)s, %(dedup_key)s, %(concurrency_key)s,
+                                 %(tags)s::jsonb, %(debounce_key)s, %(debounce_seconds)s, %(debounce_max_seconds)s);
 
 -- name: enqueue_many
 -- Bulk enqueue of one workflow: %(rows)s is one JSON array of {"id": ..., "input": ...} objects, passed as
--- is to insert_executions_v1 (one parameter, parsed by the server, is far cheaper than two long arrays);
+-- is to insert_executions_v2 (one parameter, parsed by the server, is far cheaper than two long arrays);
 -- the options all rows share go once, in its "common" object. Existing ids are left alone (idempotent);
 -- the ids returned are the ones this statement created.
 SELECT i.id
-FROM insert_executions_v1(
+FROM insert_executions_v2(
     %(rows)s::jsonb,
     jsonb_build_object('name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
                        'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
-                       'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb)) AS i;
+                       'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb,
+                       'tags', %(tags)s::jsonb)) AS i;
 
 -- name: names_of
 SELECT id, name FROM workflow_executions WHERE id = ANY (%(ids)s);
@@ -57,10 +64,10 @@ WITH limited AS (
     SELECT EXISTS (SELECT 1 FROM queues WHERE name = %(queue)s) AS yes
 ), inserted AS (
     SELECT i.id, i.name, i.attempt, i.input, i.status = 'running' AS owned
-    FROM limited, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
+    FROM limited, LATERAL insert_executions_v2(jsonb_build_array(jsonb_build_object(
         'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
         'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int,
-        'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb,
+        'timeout_seconds', %(timeout)s::float8, 'trace_context', %(trace)s::jsonb, 'tags', %(tags)s::jsonb,
         'owner_id', CASE WHEN limited.yes THEN NULL ELSE %(owner)s::text END,
         'lease_seconds', %(lease)s::float8,
         'app_version', CASE WHEN limited.yes THEN NULL ELSE %(version)s::text END))) AS i
@@ -254,7 +261,8 @@ RETURNING e.id, e.name;
 -- name: get_execution
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
-       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key,
+       tags, debounce_key
 FROM workflow_executions
 WHERE id = %(id)s;
 
@@ -264,13 +272,47 @@ SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
-       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key,
+       tags, debounce_key
 FROM workflow_executions
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY created_at DESC, id
 LIMIT %(limit)s;
+
+-- name: list_executions_by_tags
+-- list_executions of those whose tags contain %(tags)s (a JSON object): the containment is answered by
+-- workflow_executions_tags_idx (GIN, jsonb_path_ops), then the few matches are sorted.
+SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
+       recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,
+       wait_reason, parent_id, forked_from, timeout_seconds, deadline, app_version, dedup_key, concurrency_key,
+       tags, debounce_key
+FROM workflow_executions
+WHERE tags @> %(tags)s::jsonb
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY created_at DESC, id
+LIMIT %(limit)s;
+
+-- name: set_tags
+-- pgdurable.set_tags: add to the execution's tags and record the step, in one statement, fenced like every
+-- step (no row updated, nothing recorded, when the writer no longer owns the execution).
+WITH owned AS (
+    UPDATE workflow_executions
+    SET tags = nullif(coalesce(tags, '{}') || %(tags)s::jsonb, '{}'), updated_at = now()
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    RETURNING id
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+    FROM owned
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM recorded;
 
 -- name: list_steps
 SELECT step_id, step_name, output, error, attempts, recorded_by_attempt, started_at, completed_at

@@ -27,7 +27,7 @@ WHERE e.created_at < %(cutoff)s
 -- name: cleanup_batch
 -- One batch, one short transaction: take up to %(limit)s deletable executions, oldest first along the
 -- created_at index, skipping rows another transaction holds (SKIP LOCKED: a resume or a concurrent cleanup
--- is never waited for), and delete them with their step outputs, messages and events. The status is
+-- is never waited for), and delete them with their step outputs, messages, events and streams. The status is
 -- re-checked on the locked row, so nothing that may still run is deleted. The messages go along the
 -- (destination_id, idempotency_key) unique index, the events along their primary key.
 WITH doomed AS (
@@ -52,6 +52,9 @@ messages AS (
 ),
 events AS (
     DELETE FROM workflow_events v USING doomed d WHERE v.execution_id = d.id RETURNING 1
+),
+streams AS (
+    DELETE FROM workflow_streams st USING doomed d WHERE st.execution_id = d.id
 ),
 executions AS (
     DELETE FROM workflow_executions e USING doomed d WHERE e.id = d.id RETURNING 1

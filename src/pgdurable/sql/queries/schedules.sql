@@ -103,7 +103,7 @@ FOR UPDATE OF schedules SKIP LOCKED;
 -- One execution per tick, from one JSON array of [execution_id, schedule_name, tick]. The id is
 -- deterministic ("sched:<name>:<tick>"), so a tick that was already enqueued is not enqueued again.
 SELECT i.id
-FROM insert_executions_v1(
+FROM insert_executions_v2(
     (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'id', r.tick ->> 0, 'name', s.workflow_name, 'queue', s.queue, 'priority', s.priority,
                 'input', CASE WHEN s.pass_scheduled_at THEN s.args || jsonb_build_object('scheduled_at', r.tick ->> 2)

@@ -152,11 +152,12 @@ WITH owned AS (
     FOR SHARE
 ), child AS (
     SELECT i.id
-    FROM owned, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
+    FROM owned, LATERAL insert_executions_v2(jsonb_build_array(jsonb_build_object(
         'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
         'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
         'timeout_seconds', %(timeout)s::float8, 'parent_id', owned.id, 'deadline', owned.deadline,
-        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb))) AS i
+        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb,
+        'tags', %(tags)s::jsonb))) AS i
 ), conflict AS (
     SELECT jsonb_build_object('type', 'pgdurable.errors.WorkflowIdConflict', 'message', m.message,
                               'args', jsonb_build_array(m.message)) AS error
@@ -204,10 +205,10 @@ WITH source AS (
     SELECT * FROM workflow_executions WHERE id = %(source)s
 ), forked AS (
     SELECT i.id, i.name
-    FROM source, LATERAL insert_executions_v1(jsonb_build_array(jsonb_build_object(
+    FROM source, LATERAL insert_executions_v2(jsonb_build_array(jsonb_build_object(
         'id', %(id)s::text, 'name', source.name, 'queue', source.queue, 'priority', source.priority,
         'input', source.input, 'max_recoveries', source.max_recoveries, 'timeout_seconds', source.timeout_seconds,
-        'concurrency_key', source.concurrency_key, 'trace_context', source.trace_context,
+        'concurrency_key', source.concurrency_key, 'trace_context', source.trace_context, 'tags', source.tags,
         'forked_from', source.id)), raise_on_conflict => true) AS i
 ), copied AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
@@ -221,5 +222,57 @@ WITH source AS (
     SELECT forked.id, ev.key, ev.step_id, ev.value, ev.created_at
     FROM workflow_events ev, forked
     WHERE ev.execution_id = %(source)s AND ev.step_id < %(from_step)s
+), copied_streams AS (
+    INSERT INTO workflow_streams (execution_id, key, step_id, value, closed, created_at)
+    SELECT forked.id, st.key, st.step_id, st.value, st.closed, st.created_at
+    FROM workflow_streams st, forked
+    WHERE st.execution_id = %(source)s AND st.step_id < %(from_step)s
 )
 SELECT (SELECT id FROM forked) AS id, (SELECT name FROM forked) AS name, (SELECT count(*) FROM copied) AS copied;
+
+-- name: write_stream
+-- pgdurable.write_stream / close_stream: store the value (or the close, %(value)s NULL) and record the step
+-- in one statement, fenced like every step, so a value is written exactly once: a replay finds the step.
+WITH owned AS (
+    SELECT id FROM workflow_executions
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    FOR SHARE
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+    FROM owned
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING execution_id
+), written AS (
+    INSERT INTO workflow_streams (execution_id, key, step_id, value, closed)
+    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb, %(value)s::jsonb IS NULL FROM recorded
+    RETURNING 1
+)
+SELECT count(*) FROM written;
+
+-- name: read_stream
+-- Whether the execution has finished, and its stream's values after step %(after)s in order (at most
+-- %(limit)s; one row with a NULL step_id when there are none), in one snapshot: a stream read together with
+-- "finished" holds every value ever written. No row at all: there is no such execution.
+SELECT e.status IN ('succeeded', 'failed', 'cancelled') AS ended, st.step_id, st.value::text AS value,
+       coalesce(st.closed, false) AS closed
+FROM workflow_executions e
+LEFT JOIN LATERAL (
+    SELECT s.step_id, s.value, s.closed FROM workflow_streams s
+    WHERE s.execution_id = e.id AND s.key = %(key)s AND s.step_id > %(after)s
+    ORDER BY s.step_id
+    LIMIT %(limit)s
+) AS st ON true
+WHERE e.id = %(id)s
+ORDER BY st.step_id;
+
+-- name: list_streams
+-- An execution's streams (the first %(limit)s keys): each key with how many values it has, whether it is
+-- closed, and its last write.
+SELECT key, count(*) FILTER (WHERE NOT closed) AS values, bool_or(closed) AS closed, max(created_at) AS last_at
+FROM workflow_streams
+WHERE execution_id = %(id)s
+GROUP BY key
+ORDER BY key
+LIMIT %(limit)s;
