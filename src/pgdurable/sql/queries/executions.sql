@@ -301,13 +301,13 @@ LIMIT %(limit)s;
 -- step (no row updated, nothing recorded, when the writer no longer owns the execution).
 WITH owned AS (
     UPDATE workflow_executions
-    SET tags = nullif(coalesce(tags, '{}') || %(tags)s::jsonb, '{}'), updated_at = now()
+    SET tags = nullif(coalesce(tags, '{}') || %(tags)s::jsonb, '{}'), updated_at = clock_now()
     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
     RETURNING id
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s, clock_now()
     FROM owned
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING 1

@@ -239,14 +239,15 @@ WITH owned AS (
     FOR SHARE
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s, clock_now()
     FROM owned
     ON CONFLICT (execution_id, step_id) DO NOTHING
-    RETURNING execution_id
+    RETURNING execution_id, completed_at
 ), written AS (
-    INSERT INTO workflow_streams (execution_id, key, step_id, value, closed)
-    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb, %(value)s::jsonb IS NULL FROM recorded
+    INSERT INTO workflow_streams (execution_id, key, step_id, value, closed, created_at)
+    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb, %(value)s::jsonb IS NULL, completed_at
+    FROM recorded
     RETURNING 1
 )
 SELECT count(*) FROM written;
