@@ -119,6 +119,21 @@ def test_a_delayed_start_and_a_policy_queue_follow_the_skipped_clock(app: pgdura
         assert row.completed_at - row.started_at >= timedelta(days=1)
 
 
+def test_a_debounced_burst_starts_on_the_skipped_clock(app: pgdurable.App, database_url: str) -> None:
+    @app.workflow
+    def digest(count: int) -> int:
+        return count
+
+    with harness(app, database_url=database_url) as h:
+        h.pause_skipping()  # the burst first: all three enqueues before the clock may move
+        handles = [app.enqueue(digest, n, debounce_key="inbox", debounce_seconds=3600) for n in (1, 2, 3)]
+        assert len({handle.workflow_id for handle in handles}) == 1  # one execution, the last arguments
+        start = h.now()
+        h.resume_skipping()
+        assert handles[-1].result(timeout=WAIT) == 3
+        assert _execution(app, handles[-1].workflow_id).started_at - start >= timedelta(seconds=3599)
+
+
 def test_without_time_skipping_time_moves_only_when_told(app: pgdurable.App, database_url: str) -> None:
     @app.workflow
     def wait_an_hour() -> str:
