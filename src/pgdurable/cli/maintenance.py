@@ -77,7 +77,7 @@ def cleanup(
                 app.db, age, statuses, batch_size=batch_size, dry_run=dry_run,
                 on_start=lambda total: progress.update(task, total=total),
                 on_batch=lambda batch: progress.advance(task, batch.executions))
-    except psycopg.errors.UndefinedTable:
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction):  # its tables, or clock_now()
         console.print(f"[red]pgdurable cleanup: pgdurable is not installed in schema {escape(app.schema)}[/red]")
         raise typer.Exit(2) from None
     except psycopg.OperationalError as exc:

@@ -320,7 +320,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
 
     def database_error(request: Request, exc: Exception) -> Response:
         status_code = 503
-        if isinstance(exc, psycopg.errors.UndefinedTable):
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):  # (clock_now())
             message = (f"pgdurable's tables are not in schema {app.schema!r} of this database. "
                        "Check --schema, or run `pgdurable migrate`.")
         elif isinstance(exc, psycopg.errors.QueryCanceled):
