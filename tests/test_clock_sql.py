@@ -85,3 +85,39 @@ def test_a_deadline_counts_from_the_faked_claim_time(db: psycopg.Connection[Any]
     assert claimed.db_now == start
     execution = store.run(db, store.get_execution("moved"))
     assert execution is not None and execution.deadline == start + timedelta(seconds=10)
+
+
+def test_the_policy_claim_is_on_the_clock(db: psycopg.Connection[Any], clock: Any) -> None:
+    store.run(db, store.set_queue_policy(store.QueuePolicy("limited", concurrency=5)))
+    store.run(db, store.enqueue(id="tomorrow", name="w", queue="limited", priority=0, input="{}",
+                                max_recoveries=5, delay=86400.0, timeout=60.0))
+    claim = store.claim_with_policy(queue="limited", names=["w"], owner="me", lease=30, limit=5, version="v")
+    execution = store.run(db, store.get_execution("tomorrow"))
+    assert execution is not None and execution.available_at is not None
+    later = execution.available_at + timedelta(seconds=5)
+    clock(later)
+    assert store.run(db, store.wake_due())[0] == 1
+    [claimed] = store.run(db, claim)
+    assert claimed.db_now == later  # the start of the execution's durable timers
+    execution = store.run(db, store.get_execution("tomorrow"))
+    assert execution is not None and execution.deadline == later + timedelta(seconds=60)
+    assert execution.started_at is not None and execution.started_at - later < timedelta(minutes=5)
+    lease_left = execution.lease_expires - _db_now(db)  # type: ignore[operator]
+    assert timedelta(0) < lease_left <= timedelta(seconds=30)  # the lease is on now(), not on the clock
+
+
+def test_the_test_clock_is_read_only_where_the_harness_enabled_it(db: psycopg.Connection[Any], clock: Any,
+                                                                 database_url: str) -> None:
+    db.execute("UPDATE test_clock SET ahead = interval '2 days'")
+    assert db.execute("SELECT clock_now() = now()").fetchone() == (True,)  # not enabled: ignored
+
+    schema = db.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
+    db.execute("ALTER FUNCTION clock_now() SET pgdurable.test_clock = 'on'")
+    with psycopg.connect(database_url, autocommit=True) as other:  # another session sees it too
+        other.execute(f'SET search_path TO "{schema}"')
+        assert other.execute("SELECT clock_now() - now()").fetchone() == (timedelta(days=2),)
+        assert other.execute(f'SELECT "{schema}".clock_now() - now()').fetchone() == (timedelta(days=2),)
+    assert db.execute("SELECT clock_now() - now()").fetchone() == (timedelta(days=2),)
+    fixed = _db_now(db) + timedelta(days=400)
+    clock(fixed)  # a session's fake_now still wins
+    assert db.execute("SELECT clock_now()").fetchone() == (fixed,)

@@ -110,7 +110,8 @@ class ExecutionContext:
     def step_done(self, step_name: str, step_id: int, started_at: datetime, failed: bool, attempts: int) -> None:
         """Tell metrics and tracing that a step ran and its outcome is recorded."""
         if self.observers:
-            self.observers.step_finished(self.telemetry, step_name, step_id, started_at, utcnow(), failed, attempts)
+            self.observers.step_finished(self.telemetry, step_name, step_id, started_at, self.db_now(), failed,
+                                         attempts)
 
     def check_recorded(self, recorded: bool, step_id: int, step_name: str) -> None:
         if not recorded:
@@ -134,7 +135,7 @@ class ExecutionContext:
     def step_write(self, step_id: int, step_name: str, output: str | None, error: str | None = None,
                    started_at: datetime | None = None) -> StepWrite:
         return StepWrite(self.execution_id, self.attempt, step_id, step_name, output, error, 1,
-                         started_at or utcnow())
+                         started_at or self.db_now())
 
     def perform_sync(self, effect: Any) -> Any:
         """Run one effect of a primitive from a sync workflow's thread: a StepWrite (True if recorded), a
@@ -175,7 +176,3 @@ class ExecutionContext:
         self.lost = True
         return LeaseLost(f"execution {self.execution_id}: attempt {self.attempt} no longer owns it ({what})")
 
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)

@@ -49,6 +49,20 @@ class Runtime:
         carrier = self.observers.trace_carrier(parent)
         return json.dumps(carrier) if carrier else None
 
+    def use_database(self, db: Database, settings: Settings | None = None) -> Callable[[], None]:
+        """Work on ``db`` (another database or schema), with ``settings`` if given, until the function returned
+        is called, which closes ``db``'s listener and puts everything back. pgdurable.testing gives an
+        application its private test schema this way; the caller closes ``db`` itself."""
+        saved = (self.db, self.schema, self.completions, self.settings)
+        self.db, self.schema, self.completions = db, db.schema, CompletionListener(db)
+        self.settings = settings or self.settings
+
+        def restore() -> None:
+            self.completions.stop()
+            self.db, self.schema, self.completions, self.settings = saved
+
+        return restore
+
     def close(self) -> None:
         self.completions.stop()
         self.db.close()

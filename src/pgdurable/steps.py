@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
 from . import failures
-from .context import ExecutionContext, _in_step, current, utcnow
+from .context import ExecutionContext, _in_step, current
 from .effects import Invoke, Pause
 from .errors import LeaseLost, NonDeterminismError, SerializationError
 from .plans import Plan, drive_async, drive_sync, record_step
@@ -58,7 +58,7 @@ class StepRun:
     def __init__(self, ctx: ExecutionContext, name: str, policy: RetryPolicy, return_hint: Any) -> None:
         self.ctx, self.name, self.policy, self.return_hint = ctx, name, policy, return_hint
         self.step_id, self.recorded = ctx.begin_step(name)
-        self.started = utcnow()
+        self.started = ctx.db_now()  # recorded: durable time, like the step's completed_at
         self.tries = 0
         self.value: Any = None
         self.failure: BaseException | None = None

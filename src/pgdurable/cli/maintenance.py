@@ -75,7 +75,7 @@ def cleanup(
                 app.db, age, statuses, batch_size=batch_size, dry_run=dry_run,
                 on_start=lambda total: progress.update(task, total=total),
                 on_batch=lambda batch: progress.advance(task, batch.executions))
-    except SchemaNotInstalled as exc:
+    except SchemaNotInstalled as exc:  # its tables, or clock_now()
         fail(f"cleanup: {exc}")
     except psycopg.OperationalError as exc:
         fail(f"cleanup: {explain(exc, app.db.known_conninfo).message}")

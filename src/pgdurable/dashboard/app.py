@@ -322,7 +322,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
 
     def database_error(request: Request, exc: Exception) -> Response:
         status_code = 503
-        if isinstance(exc, psycopg.errors.UndefinedTable | SchemaNotInstalled):
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction | SchemaNotInstalled):
             message = (f"pgdurable's tables are not in schema {app.schema!r} of this database. "
                        f"Check --schema, or run `{migrate_command(app.schema)}`.")
         elif isinstance(exc, psycopg.errors.QueryCanceled):

@@ -24,9 +24,13 @@
 -- 3. Every function, trigger functions included, gets SET search_path FROM CURRENT and, unless everybody
 --    may call it, REVOKE ALL ... FROM PUBLIC. The migration runner re-applies the recorded roles' grants
 --    after every migration; a function for the application role is added to apply_application_grants.
--- 4. Time in the engine's SQL is now() (database time; leases, timers, deadlines and schedules never use a
---    client's clock). The timer, schedule and deadline paths read it through clock_now(), which a test may
---    move forward with SET pgdurable.fake_now (see clock_now below).
+-- 4. Time in the engine's SQL is the database's (never a client's clock), on one of two clocks (see "The
+--    clock" below). Durable time, clock_now(): when something may or must happen (available_at, wake-ups,
+--    deadlines, schedules' ticks, retention cutoffs) and the timeline recorded for executions (created_at,
+--    started_at, completed_at, updated_at, steps', messages' and events' times). Liveness time, now():
+--    leases, heartbeats, the worker registry, rate-limit windows (and the stamps of definitions: a queue's or
+--    a schedule's created_at, updated_at). Tests move durable time (fake_now, or the skipping clock of
+--    pgdurable.testing); liveness time always runs at the wall clock's pace.
 
 -- == The migration history =============================================================================
 
@@ -442,7 +446,7 @@ BEGIN
             SET wakeups = p.wakeups + 1,
                 status = CASE WHEN p.status = 'waiting' AND p.wait_reason = 'children' THEN 'enqueued'
                               ELSE p.status END,
-                available_at = CASE WHEN p.status = 'waiting' AND p.wait_reason = 'children' THEN now()
+                available_at = CASE WHEN p.status = 'waiting' AND p.wait_reason = 'children' THEN clock_now()
                                     ELSE p.available_at END
             WHERE p.id = NEW.parent_id;
         END IF;
@@ -514,18 +518,46 @@ CREATE TRIGGER schedules_notify_update
 
 -- == The clock =========================================================================================
 
--- The engine's time for timers, deadlines and schedules (and the time a claim returns, from which durable
--- sleeps are computed): now(), unless pgdurable.fake_now is set (tests: SET pgdurable.fake_now =
--- '2030-01-01 00:00+00' moves time without sleeping). Leases and heartbeats stay on now(). Pinned like
--- every function, so it is not inlined: a call costs a few microseconds (the search_path switch), and a
--- statement that compares many rows with it reads it once (a MATERIALIZED CTE "clock", a variable).
+-- Two clocks. Durable time (clock_now()) is what workflows and schedules wait on: timers, delayed starts,
+-- deadlines, cron ticks, retention, and the times recorded for executions, steps, messages and events.
+-- Liveness time (now()) is what proves a process alive: leases, heartbeats, the worker registry, and
+-- rate-limit windows (a limit protects a real service, whose time does not skip). Both are the database's
+-- time in production. Only durable time can be moved by tests, and it must be, on its own: a clock that
+-- jumped ahead under leases would expire every live lease and hand running executions to a second owner.
+--
+-- The time-skipping test clock (pgdurable.testing): durable time runs test_clock.ahead ahead of now(), in
+-- every session of the schema (the workers' pools, a caller's own transaction calling enqueue_workflow).
+-- The harness only ever adds to it, so durable time never goes back. The one row is read only when
+-- clock_now() runs with pgdurable.test_clock = 'on', which only the harness sets, on the function itself
+-- (ALTER FUNCTION clock_now() SET pgdurable.test_clock = 'on'): production reads one missing setting.
+CREATE TABLE test_clock (
+    singleton boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
+    ahead     interval NOT NULL DEFAULT '0' CHECK (ahead >= interval '0')
+);
+INSERT INTO test_clock DEFAULT VALUES;
+
+-- Durable time: now(); or pgdurable.fake_now when a session sets it (SQL tests: SET pgdurable.fake_now =
+-- '2030-01-01 00:00+00' moves time without sleeping); or now() + test_clock.ahead on a time-skipping test
+-- schema. PL/pgSQL, whose statements are planned once per session: a SQL function that is not inlined (and
+-- pinned functions never are) is parsed and planned again by every statement calling it, which cost the
+-- claim some 15 microseconds. A call still costs a few (the search_path switch), so a statement that
+-- compares many rows with it reads it once (a MATERIALIZED CTE "clock", a variable).
 CREATE FUNCTION clock_now() RETURNS timestamptz
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT coalesce(nullif(pg_catalog.current_setting('pgdurable.fake_now', true), '')::pg_catalog.timestamptz,
-                    pg_catalog.now())
+DECLARE
+    fake text := pg_catalog.current_setting('pgdurable.fake_now', true);
+BEGIN
+    IF fake <> '' THEN
+        RETURN fake::pg_catalog.timestamptz;
+    END IF;
+    IF pg_catalog.current_setting('pgdurable.test_clock', true) = 'on' THEN
+        RETURN pg_catalog.now() + (SELECT c.ahead FROM test_clock c);
+    END IF;
+    RETURN pg_catalog.now();
+END;
 $$;
 
 -- == Creating executions: the one insert path ==========================================================
@@ -866,7 +898,7 @@ AS $$
     ), cancelled AS (
         UPDATE workflow_executions e
         SET status = 'cancelled', owner_id = NULL, lease_expires = NULL, wait_reason = NULL,
-            completed_at = now(), updated_at = now()
+            completed_at = clock_now(), updated_at = clock_now()
         FROM tree
         WHERE e.id = tree.id AND e.status IN ('enqueued', 'waiting', 'running')
         RETURNING e.id
@@ -902,15 +934,15 @@ BEGIN
     SET wakeups = e.wakeups + 1,
         status = CASE WHEN e.status = 'waiting' AND e.wait_reason = 'recv:' || topic THEN 'enqueued'
                       ELSE e.status END,
-        available_at = CASE WHEN e.status = 'waiting' AND e.wait_reason = 'recv:' || topic THEN now()
+        available_at = CASE WHEN e.status = 'waiting' AND e.wait_reason = 'recv:' || topic THEN clock_now()
                             ELSE e.available_at END
     WHERE e.id = destination_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'send_message: no workflow execution has id %', quote_nullable(destination_id)
             USING ERRCODE = 'P0002';
     END IF;
-    INSERT INTO workflow_messages (destination_id, topic, message, idempotency_key)
-    VALUES (destination_id, topic, message, idempotency_key)
+    INSERT INTO workflow_messages (destination_id, topic, message, idempotency_key, created_at)
+    VALUES (destination_id, topic, message, idempotency_key, clock_now())
     ON CONFLICT ON CONSTRAINT workflow_messages_idempotency DO NOTHING;
     RETURN FOUND;
 END;
@@ -946,10 +978,10 @@ AS $$
         FOR SHARE
     ), written AS (
         INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                       recorded_by_attempt, started_at)
+                                       recorded_by_attempt, started_at, completed_at)
         SELECT owned.id, checkpoint_step.step_id, checkpoint_step.step_name, checkpoint_step.output,
                checkpoint_step.error, checkpoint_step.attempts, checkpoint_step.attempt,
-               checkpoint_step.started_at
+               checkpoint_step.started_at, clock_now()
         FROM owned
         ON CONFLICT ON CONSTRAINT operation_outputs_pkey DO NOTHING
         RETURNING 1
@@ -993,7 +1025,8 @@ $$;
 -- The claim of a queue with a policy: like the plain claim, but takes at most as many executions as it
 -- got free run slots and rate slots, and skips executions whose concurrency key is at its limit. No row
 -- can make it raise: the timeout and the rate period are clamped to 10 years (the constraints hold them
--- there too), because one bad row here would stop its whole queue.
+-- there too), because one bad row here would stop its whole queue. Availability, deadlines, the times
+-- stamped and returned are durable time (clock_now(), read once); the lease and the rate window are not.
 CREATE FUNCTION claim_with_policy(queue_name text, names text[], owner text, lease double precision,
                                              max_claims integer, version text)
 RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean)
@@ -1011,6 +1044,7 @@ DECLARE
     candidate record;
     running_for_key integer;
     scanned integer := 0;
+    at timestamptz := clock_now();
 BEGIN
     SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
     IF policy.concurrency IS NOT NULL THEN
@@ -1046,7 +1080,7 @@ BEGIN
     FOR candidate IN
         SELECT e.id, e.concurrency_key FROM workflow_executions e
         WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
-          AND e.available_at <= now() AND (e.app_version IS NULL OR e.app_version = version)
+          AND e.available_at <= at AND (e.app_version IS NULL OR e.app_version = version)
         ORDER BY e.priority, e.seq
         FOR UPDATE SKIP LOCKED
     LOOP
@@ -1073,13 +1107,13 @@ BEGIN
             lease_expires = now() + make_interval(secs => lease),
             attempt = e.attempt + 1,
             -- The moment of the claim itself (not the transaction's start, before the slots and key
-            -- locks were taken), so that limits can be checked against these timestamps.
-            started_at = coalesce(e.started_at, clock_timestamp()),
-            updated_at = now(),
+            -- locks were taken), so that limits can be checked against these timestamps; on durable time.
+            started_at = coalesce(e.started_at, clock_timestamp() + (at - now())),
+            updated_at = at,
             app_version = version,
             deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                             THEN least(coalesce(e.deadline, 'infinity'),
-                                       now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                                       at + make_interval(secs => least(e.timeout_seconds, 315360000)))
                             ELSE e.deadline END
         WHERE e.id = ANY (chosen)
         RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
@@ -1099,14 +1133,14 @@ BEGIN
         FROM numbered
         WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
     )
-    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, now(),
+    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, at,
            numbered.attempt > 1 OR numbered.forked_from IS NOT NULL
     FROM numbered;
 END;
 $$;
 
--- The policy claim of workers of version 15 on: as claim_with_policy, plus adopt_after (seconds, NULL:
--- never) lets it take executions of versions with no live worker, and previous_version says which version
+-- The policy claim of workers of version 15 on: as claim_with_policy (durable time as there), plus
+-- adopt_after (seconds, NULL: never) lets it take executions of versions with no live worker, and previous_version says which version
 -- each claimed execution had. claim_with_policy stays for the older workers of a rolling deploy.
 CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,
                                      max_claims integer, version text, adopt_after double precision)
@@ -1127,6 +1161,7 @@ DECLARE
     candidate record;
     running_for_key integer;
     scanned integer := 0;
+    at timestamptz := clock_now();
 BEGIN
     SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
     IF policy.concurrency IS NOT NULL THEN
@@ -1159,7 +1194,7 @@ BEGIN
     FOR candidate IN
         SELECT e.id, e.concurrency_key, e.app_version FROM workflow_executions e
         WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
-          AND e.available_at <= now()
+          AND e.available_at <= at
           AND (e.app_version IS NULL OR e.app_version = version
                OR (adopt_after IS NOT NULL
                    AND e.app_version NOT IN (SELECT w.app_version FROM workers w
@@ -1191,12 +1226,13 @@ BEGIN
             owner_id = owner,
             lease_expires = now() + make_interval(secs => lease),
             attempt = e.attempt + 1,
-            started_at = coalesce(e.started_at, clock_timestamp()),
-            updated_at = now(),
+            -- The moment of the claim itself, on durable time (see claim_with_policy).
+            started_at = coalesce(e.started_at, clock_timestamp() + (at - now())),
+            updated_at = at,
             app_version = version,
             deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                             THEN least(coalesce(e.deadline, 'infinity'),
-                                       now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                                       at + make_interval(secs => least(e.timeout_seconds, 315360000)))
                             ELSE e.deadline END
         WHERE e.id = ANY (chosen)
         RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
@@ -1213,7 +1249,7 @@ BEGIN
         FROM numbered
         WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
     )
-    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, now(),
+    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, at,
            numbered.attempt > 1 OR numbered.forked_from IS NOT NULL,
            chosen_versions[array_position(chosen, numbered.id)]
     FROM numbered;

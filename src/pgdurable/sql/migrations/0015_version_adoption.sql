@@ -65,6 +65,7 @@ DECLARE
     candidate record;
     running_for_key integer;
     scanned integer := 0;
+    at timestamptz := clock_now();
 BEGIN
     SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
     IF policy.concurrency IS NOT NULL THEN
@@ -97,7 +98,7 @@ BEGIN
     FOR candidate IN
         SELECT e.id, e.concurrency_key, e.app_version FROM workflow_executions e
         WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
-          AND e.available_at <= now()
+          AND e.available_at <= at
           AND (e.app_version IS NULL OR e.app_version = version
                OR (adopt_after IS NOT NULL
                    AND e.app_version NOT IN (SELECT w.app_version FROM workers w
@@ -129,12 +130,13 @@ BEGIN
             owner_id = owner,
             lease_expires = now() + make_interval(secs => lease),
             attempt = e.attempt + 1,
-            started_at = coalesce(e.started_at, clock_timestamp()),
-            updated_at = now(),
+            -- The moment of the claim itself, on durable time (see claim_with_policy).
+            started_at = coalesce(e.started_at, clock_timestamp() + (at - now())),
+            updated_at = at,
             app_version = version,
             deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                             THEN least(coalesce(e.deadline, 'infinity'),
-                                       now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                                       at + make_interval(secs => least(e.timeout_seconds, 315360000)))
                             ELSE e.deadline END
         WHERE e.id = ANY (chosen)
         RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
@@ -151,7 +153,7 @@ BEGIN
         FROM numbered
         WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
     )
-    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, now(),
+    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, at,
            numbered.attempt > 1 OR numbered.forked_from IS NOT NULL,
            chosen_versions[array_position(chosen, numbered.id)]
     FROM numbered;

@@ -5,7 +5,8 @@
 -- hanging off one execution (children, messages, events) are capped.
 
 -- name: dash_now
-SELECT now();
+-- Durable time, the time executions are recorded in.
+SELECT clock_now();
 
 -- name: dash_queues
 -- Per queue: enqueued executions that are due (ready) and not yet due (delayed: only rows written before
@@ -13,12 +14,15 @@ SELECT now();
 -- seconds (nobody is sweeping), the age of the oldest ready execution, live workers serving it, and waiting
 -- executions by what they wait for, with those whose wake-up time passed over %(stale)s seconds ago
 -- (overdue: no worker's timer is running). Each aggregate reads one status, so it follows that status's
--- partial index.
-WITH enqueued AS (
+-- partial index. Availability is durable time (clock), leases and heartbeats liveness time (now()).
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+),
+enqueued AS (
     SELECT queue,
-           count(*) FILTER (WHERE available_at <= now()) AS ready,
-           count(*) FILTER (WHERE available_at > now()) AS delayed,
-           min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready
+           count(*) FILTER (WHERE available_at <= (SELECT now FROM clock)) AS ready,
+           count(*) FILTER (WHERE available_at > (SELECT now FROM clock)) AS delayed,
+           min(available_at) FILTER (WHERE available_at <= (SELECT now FROM clock)) AS oldest_ready
     FROM workflow_executions
     WHERE status = 'enqueued'
     GROUP BY queue
@@ -37,7 +41,7 @@ waiting AS (
            count(*) FILTER (WHERE starts_with(wait_reason, 'recv:')) AS recv,
            count(*) FILTER (WHERE wait_reason = 'children') AS children,
            count(*) FILTER (WHERE wait_reason = 'parked') AS parked,
-           count(*) FILTER (WHERE available_at < now() - make_interval(secs => %(stale)s)) AS overdue
+           count(*) FILTER (WHERE available_at < (SELECT now FROM clock) - make_interval(secs => %(stale)s)) AS overdue
     FROM workflow_executions
     WHERE status = 'waiting'
     GROUP BY queue
@@ -54,7 +58,8 @@ names AS (
 )
 SELECT n.queue, coalesce(e.ready, 0) AS ready, coalesce(e.delayed, 0) AS delayed,
        coalesce(r.running, 0) AS running, coalesce(r.stale, 0) AS stale,
-       (extract(epoch FROM now()) - extract(epoch FROM e.oldest_ready))::float8 AS oldest_ready_seconds,
+       (extract(epoch FROM (SELECT now FROM clock)) - extract(epoch FROM e.oldest_ready))::float8
+           AS oldest_ready_seconds,
        coalesce(s.workers, 0) AS live_workers, coalesce(w.waiting, 0) AS waiting,
        coalesce(w.delay, 0) AS delay, coalesce(w.sleep, 0) AS sleep, coalesce(w.recv, 0) AS recv,
        coalesce(w.children, 0) AS children, coalesce(w.parked, 0) AS parked, coalesce(w.overdue, 0) AS overdue
@@ -69,11 +74,15 @@ ORDER BY n.queue;
 -- Executions that finished in the last %(window)s seconds, per %(bucket)s-second bucket (0 = the newest)
 -- and status. completed_at has no index on purpose (an indexed completed_at would make every completion a
 -- non-HOT update), so the scan is bounded by created_at: executions created more than %(lookback)s seconds
--- ago are left out of the chart. (completed_at <= now(): a time in the future, even infinity, is no bucket.)
-SELECT floor(extract(epoch FROM now() - completed_at) / %(bucket)s)::int AS ago, status, count(*) AS n
-FROM workflow_executions
-WHERE created_at > now() - make_interval(secs => %(lookback)s)
-  AND completed_at > now() - make_interval(secs => %(window)s) AND completed_at <= now()
+-- ago are left out of the chart. (completed_at <= now: a time in the future, even infinity, is no bucket.)
+-- On durable time, like the times it compares.
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+)
+SELECT floor(extract(epoch FROM clock.now - completed_at) / %(bucket)s)::int AS ago, status, count(*) AS n
+FROM workflow_executions, clock
+WHERE created_at > clock.now - make_interval(secs => %(lookback)s)
+  AND completed_at > clock.now - make_interval(secs => %(window)s) AND completed_at <= clock.now
 GROUP BY 1, 2;
 
 -- name: dash_estimated_rows

@@ -84,8 +84,9 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- SKIP LOCKED lets concurrent workers claim different rows. An execution started by another application
 -- version is left to workers of that version, unless this worker adopts (%(adopt)s seconds, NULL: never)
 -- and no worker of it heartbeated for that long (see "adoption" below); the claim stamps our version (and
--- returns the one it had), and the first claim fixes the deadline of an execution with a timeout. Availability, deadlines and the time returned (the start of durable timers)
--- are on clock_now(), which tests can move (read once, in the CTE clock).
+-- returns the one it had), and the first claim fixes the deadline of an execution with a timeout.
+-- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
+-- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), picked AS (
@@ -110,8 +111,8 @@ SET status = 'running',
     owner_id = %(owner)s,
     lease_expires = now() + make_interval(secs => %(lease)s),
     attempt = e.attempt + 1,
-    started_at = coalesce(e.started_at, now()),
-    updated_at = now(),
+    started_at = coalesce(e.started_at, clock.now),
+    updated_at = clock.now,
     app_version = %(version)s,
     wait_reason = NULL,
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
@@ -151,8 +152,10 @@ ORDER BY execution_id, step_id;
 -- rows until this commits, so a concurrent sweep or claim waits, and a new owner never loads the steps
 -- without this batch's rows. The batch is one JSON array of
 -- [execution_id, attempt, step_id, step_name, tries, started_at, output, error] (one parameter that the
--- server parses is much cheaper to send than eight arrays).
-WITH steps AS (
+-- server parses is much cheaper to send than eight arrays). completed_at is durable time, read once.
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), steps AS (
     SELECT r ->> 0 AS execution_id, (r ->> 1)::int AS attempt, (r ->> 2)::int AS step_id,
            r ->> 3 AS step_name, (r ->> 4)::int AS tries, (r ->> 5)::timestamptz AS started_at,
            r -> 6 AS output, nullif(r -> 7, 'null') AS error
@@ -166,25 +169,28 @@ owned AS (
     FOR SHARE OF e
 )
 INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                               recorded_by_attempt, started_at)
+                               recorded_by_attempt, started_at, completed_at)
 SELECT execution_id, step_id, step_name, CASE WHEN error IS NULL THEN output END, error, tries, attempt,
-       started_at
-FROM owned
+       started_at, clock.now
+FROM owned, clock
 ON CONFLICT (execution_id, step_id) DO NOTHING
 RETURNING execution_id, recorded_by_attempt, step_id;
 
 -- name: write_completions
 -- A worker's group commit of finished executions, each only while its writer still owns the attempt.
--- The batch is one JSON array of [execution_id, attempt, status, output, error].
-WITH finished AS (
+-- The batch is one JSON array of [execution_id, attempt, status, output, error]. completed_at is durable
+-- time, read once.
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), finished AS (
     SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
            r -> 3 AS output, nullif(r -> 4, 'null') AS error
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 )
 UPDATE workflow_executions e
 SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
-    owner_id = NULL, lease_expires = NULL, completed_at = now(), updated_at = now(), wait_reason = NULL
-FROM finished f
+    owner_id = NULL, lease_expires = NULL, completed_at = clock.now, updated_at = clock.now, wait_reason = NULL
+FROM finished f, clock
 WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
 RETURNING e.id, e.attempt, NULL::int;
 
@@ -199,14 +205,17 @@ RETURNING id, attempt;
 -- name: release
 -- Graceful shutdown: hand unfinished executions back to the queue; they resume from their checkpoints.
 UPDATE workflow_executions
-SET status = 'enqueued', owner_id = NULL, lease_expires = NULL, updated_at = now()
+SET status = 'enqueued', owner_id = NULL, lease_expires = NULL, updated_at = clock_now()
 WHERE owner_id = %(owner)s AND status = 'running' AND id = ANY (%(ids)s)
 RETURNING id;
 
 -- name: sweep_expired
 -- Re-enqueue executions whose lease expired (their worker died or stalled), or dead-letter those that
--- have already been recovered too often. SKIP LOCKED makes concurrent sweepers split the work.
-WITH expired AS (
+-- have already been recovered too often. SKIP LOCKED makes concurrent sweepers split the work. Leases are
+-- liveness time (now()); the times stamped are durable time (clock).
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), expired AS (
     SELECT id FROM workflow_executions
     WHERE status = 'running' AND lease_expires < now()
     ORDER BY lease_expires
@@ -222,23 +231,26 @@ SET status = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN 'failed' ELSE 'e
                                           '(last owner %%s); giving up after max_recoveries=%%s',
                                           e.recoveries + 1, e.owner_id, e.max_recoveries))
                  ELSE e.error END,
-    completed_at = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN now() END,
+    completed_at = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN clock.now END,
     wait_reason = CASE WHEN e.recoveries + 1 > e.max_recoveries THEN NULL ELSE e.wait_reason END,
     recoveries = e.recoveries + 1,
     owner_id = NULL,
     lease_expires = NULL,
-    updated_at = now()
-FROM expired
+    updated_at = clock.now
+FROM expired, clock
 WHERE e.id = expired.id AND e.status = 'running' AND e.lease_expires < now()
 RETURNING e.id, e.status, e.recoveries;
 
 -- name: fail_unrunnable
 -- Fail executions that sat enqueued for longer than %(grace)s seconds on a queue that live workers serve,
--- none of which knows the workflow's name. Executions on a queue nobody serves are left alone.
-WITH stuck AS (
+-- none of which knows the workflow's name. Executions on a queue nobody serves are left alone. Workers'
+-- liveness is on now(), availability on durable time (clock).
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), stuck AS (
     SELECT e.id FROM workflow_executions e
     WHERE e.status = 'enqueued'
-      AND e.available_at < now() - make_interval(secs => %(grace)s)
+      AND e.available_at < (SELECT now FROM clock) - make_interval(secs => %(grace)s)
       AND EXISTS (SELECT 1 FROM workers w
                   WHERE e.queue = ANY (w.queues) AND worker_alive(w.heartbeat_at, w.lease_seconds))
       AND NOT EXISTS (SELECT 1 FROM workers w
@@ -248,11 +260,11 @@ WITH stuck AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_executions e
-SET status = 'failed', completed_at = now(), updated_at = now(), wait_reason = NULL,
+SET status = 'failed', completed_at = clock.now, updated_at = clock.now, wait_reason = NULL,
     error = jsonb_build_object(
         'type', 'pgdurable.UnknownWorkflow',
         'message', format('no live worker serving queue %%L registers workflow %%L', e.queue, e.name))
-FROM stuck
+FROM stuck, clock
 WHERE e.id = stuck.id AND e.status = 'enqueued'
 RETURNING e.id, e.name;
 
@@ -299,13 +311,13 @@ LIMIT %(limit)s;
 -- step (no row updated, nothing recorded, when the writer no longer owns the execution).
 WITH owned AS (
     UPDATE workflow_executions
-    SET tags = nullif(coalesce(tags, '{}') || %(tags)s::jsonb, '{}'), updated_at = now()
+    SET tags = nullif(coalesce(tags, '{}') || %(tags)s::jsonb, '{}'), updated_at = clock_now()
     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
     RETURNING id
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s, clock_now()
     FROM owned
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING 1
@@ -338,7 +350,7 @@ WITH target AS (
 )
 UPDATE workflow_executions e
 SET status = 'enqueued', output = NULL, error = NULL, recoveries = 0, completed_at = NULL,
-    available_at = now(), updated_at = now(), deadline = NULL, wait_reason = NULL
+    available_at = clock_now(), updated_at = clock_now(), deadline = NULL, wait_reason = NULL
 FROM target
 WHERE e.id = target.id
 RETURNING e.id;
@@ -358,11 +370,11 @@ WHERE e.id = %(id)s;
 -- name: queue_depths
 -- Unfinished executions by queue and status, with the age of the oldest available one (metrics, status).
 SELECT queue, status, count(*) AS count,
-       extract(epoch FROM now()) - extract(epoch FROM min(available_at) FILTER (WHERE status = 'enqueued'))
+       extract(epoch FROM clock.now) - extract(epoch FROM min(available_at) FILTER (WHERE status = 'enqueued'))
            AS oldest_seconds
-FROM workflow_executions
+FROM workflow_executions, (SELECT clock_now() AS now) AS clock
 WHERE status IN ('enqueued', 'waiting', 'running')
-GROUP BY queue, status
+GROUP BY queue, status, clock.now
 ORDER BY queue, status;
 
 -- name: trace_contexts

@@ -9,8 +9,9 @@
 -- EXISTS could be planned as an anti join over every unfinished execution).
 
 -- name: cleanup_cutoff
--- The cutoff on database time, computed once per run so that the count and every batch agree.
-SELECT now() - make_interval(secs => %(older_than)s);
+-- The cutoff on durable time (the executions' times are), computed once per run so that the count and
+-- every batch agree.
+SELECT clock_now() - make_interval(secs => %(older_than)s);
 
 -- name: cleanup_count
 SELECT count(*)

@@ -11,7 +11,7 @@ UPDATE workflow_executions
 SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = %(reason)s,
     available_at = CASE WHEN %(wake_at)s::timestamptz > '9999-12-30 00:00:00+00'
                         THEN '9999-12-30 00:00:00+00' ELSE %(wake_at)s::timestamptz END,
-    updated_at = now()
+    updated_at = clock_now()
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
   AND (%(wakeups)s::bigint IS NULL OR wakeups = %(wakeups)s::bigint)
 RETURNING id;
@@ -82,15 +82,16 @@ WITH seen AS (
     FOR UPDATE OF m
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT %(id)s, %(step_id)s, %(step_name)s, next_message.message, NULL, 1, %(attempt)s, %(started_at)s
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT %(id)s, %(step_id)s, %(step_name)s, next_message.message, NULL, 1, %(attempt)s, %(started_at)s,
+           clock_now()
     FROM next_message
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING output
 ), consumed AS (
     -- only a message whose receive step was recorded here is consumed
     UPDATE workflow_messages m
-    SET consumed_at = now(), consumed_by_step = %(step_id)s
+    SET consumed_at = clock_now(), consumed_by_step = %(step_id)s
     FROM next_message, recorded
     WHERE m.id = next_message.id
 )
@@ -117,14 +118,14 @@ WITH owned AS (
     FOR SHARE
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s, clock_now()
     FROM owned
     ON CONFLICT (execution_id, step_id) DO NOTHING
-    RETURNING execution_id
+    RETURNING execution_id, completed_at
 ), published AS (
-    INSERT INTO workflow_events (execution_id, key, step_id, value)
-    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb FROM recorded
+    INSERT INTO workflow_events (execution_id, key, step_id, value, created_at)
+    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb, completed_at FROM recorded
     RETURNING 1
 )
 SELECT count(*) FROM published;
@@ -167,10 +168,10 @@ WITH owned AS (
     WHERE e.id = %(id)s AND e.name <> %(name)s AND NOT EXISTS (SELECT 1 FROM child)
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
+                                   recorded_by_attempt, started_at, completed_at)
     SELECT owned.id, %(step_id)s, %(step_name)s,
            CASE WHEN conflict.error IS NULL THEN to_jsonb(%(id)s::text) END, conflict.error, 1, %(attempt)s,
-           %(started_at)s
+           %(started_at)s, clock_now()
     FROM owned LEFT JOIN conflict ON true
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING 1
@@ -244,14 +245,15 @@ WITH owned AS (
     FOR SHARE
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                                   recorded_by_attempt, started_at)
-    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT owned.id, %(step_id)s, %(step_name)s, 'null', NULL, 1, %(attempt)s, %(started_at)s, clock_now()
     FROM owned
     ON CONFLICT (execution_id, step_id) DO NOTHING
-    RETURNING execution_id
+    RETURNING execution_id, completed_at
 ), written AS (
-    INSERT INTO workflow_streams (execution_id, key, step_id, value, closed)
-    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb, %(value)s::jsonb IS NULL FROM recorded
+    INSERT INTO workflow_streams (execution_id, key, step_id, value, closed, created_at)
+    SELECT execution_id, %(key)s, %(step_id)s, %(value)s::jsonb, %(value)s::jsonb IS NULL, completed_at
+    FROM recorded
     RETURNING 1
 )
 SELECT count(*) FROM written;
