@@ -623,7 +623,7 @@ class App:
     async def resume_schedule_async(self, name: str) -> bool:
         return await self.db.arun_plan(scheduling.resume(name), transaction=True)
 
-    # -- table bindings (logic: bindings.py; the trigger: migration 0016) -----------------------------------
+    # -- table bindings (logic: bindings.py; the trigger: migration 0015) -----------------------------------
 
     def bind_table(self, table: str, workflow: Workflow[..., Any] | str, *,
                    on: str | Iterable[str] = ("insert",), when: str | None = None, name: str | None = None,

@@ -1,5 +1,5 @@
 """Table-bound workflows: a trigger on an application's table enqueues a workflow for every matching row
-change, inside the writing transaction (the SQL is in migration 0016: ``bind_table``, ``table_binding_fire``).
+change, inside the writing transaction (the SQL is in migration 0015: ``bind_table``, ``table_binding_fire``).
 
 This module decides which columns a workflow receives (its parameters by name), checks the options, and
 stores a binding; docs/table-bound-workflows.md describes the behaviour.

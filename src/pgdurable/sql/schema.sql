@@ -314,7 +314,7 @@ CREATE TABLE workers (
     -- How long a version must have no live worker before this worker adopts its executions (NULL: it
     -- never does: strict, per-version mode).
     adopt_after_seconds double precision,
-    -- The worker's lease (it heartbeats every third of one); NULL for workers older than version 17.
+    -- The worker's lease (it heartbeats every third of one); NULL for workers older than version 16.
     lease_seconds   double precision CHECK (lease_seconds > 0)
 );
 
@@ -1139,7 +1139,7 @@ BEGIN
 END;
 $$;
 
--- The policy claim of workers of version 15 on: as claim_with_policy (durable time as there), plus
+-- The policy claim of workers of version 14 on: as claim_with_policy (durable time as there), plus
 -- adopt_after (seconds, NULL: never) lets it take executions of versions with no live worker, and previous_version says which version
 -- each claimed execution had. claim_with_policy stays for the older workers of a rolling deploy.
 CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,

@@ -1,4 +1,4 @@
--- Named queries on table bindings (migration 0016). The connection's search_path is the pgdurable schema,
+-- Named queries on table bindings (migration 0015). The connection's search_path is the pgdurable schema,
 -- then public: an unqualified table name is looked up there.
 
 -- name: table_columns

@@ -1,4 +1,4 @@
--- pgdurable schema, version 17: a worker is live while its heartbeats are recent for its own lease.
+-- pgdurable schema, version 16: a worker is live while its heartbeats are recent for its own lease.
 --
 -- Workers heartbeat every third of their lease. Until now a worker counted as live for two minutes after its
 -- last heartbeat whatever its lease, so a SIGKILLed worker was listed live (and its queues served) for two

@@ -1,4 +1,4 @@
--- pgdurable schema, version 15: deploys strand nothing.
+-- pgdurable schema, version 14: deploys strand nothing.
 --
 -- 1. Adoption. A worker may claim an execution that another application version started once no live
 --    worker of that version is left (none heartbeating within the worker's adopt_after_seconds). The plain

@@ -1,4 +1,4 @@
--- pgdurable schema, version 16: table-bound workflows. bind_table() installs a trigger on an application's
+-- pgdurable schema, version 15: table-bound workflows. bind_table() installs a trigger on an application's
 -- table that enqueues a workflow for every matching row change, inside the writing transaction, with the
 -- row's columns as the workflow's arguments by name. The trigger is the binding (it works whatever happens
 -- to the table_bindings row); table_bindings records each binding so that it can be listed, checked (is its
