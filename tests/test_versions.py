@@ -326,3 +326,23 @@ def test_under_a_pinned_version_migrating_to_itself_unparks(
     _define(fixed, calls)
     start_worker(fixed)
     assert fixed.handle("pinned").result(timeout=WAIT) == ["reserved 1", "m", "shipped 1"]
+
+
+def test_the_previous_releases_policy_claim_is_v2_in_strict_mode(app: pgdurable.App,
+                                                                  db: psycopg.Connection[Any]) -> None:
+    """A worker of the previous release still calls claim_with_policy: it claims executions of its own
+    version and never-started ones, and never adopts another version's, however long that one is gone."""
+    app.queue("limited", concurrency=5)
+
+    @app.workflow(queue="limited")
+    def job() -> None:
+        return None
+
+    app.apply_queue_policies()
+    mine, fresh, theirs = (app.enqueue(job).workflow_id for _ in range(3))
+    db.execute("UPDATE workflow_executions SET app_version = 'v1', attempt = 1 WHERE id = %s", (mine,))
+    db.execute("UPDATE workflow_executions SET app_version = 'gone', attempt = 1 WHERE id = %s", (theirs,))
+    claimed = db.execute("SELECT id, attempt FROM claim_with_policy('limited', ARRAY['job'], 'old-worker', 30, 10, "
+                         "'v1')").fetchall()
+    assert sorted(claimed) == sorted([(mine, 2), (fresh, 1)])
+    assert db.execute("SELECT status FROM workflow_executions WHERE id = %s", (theirs,)).fetchone() == ("enqueued",)

@@ -1022,126 +1022,14 @@ BEGIN
 END;
 $$;
 
--- The claim of a queue with a policy: like the plain claim, but takes at most as many executions as it
--- got free run slots and rate slots, and skips executions whose concurrency key is at its limit. No row
+
+-- The claim of a queue with a policy (workers of version 14 on): like the plain claim, but takes at most
+-- as many executions as it got free run slots and rate slots, and skips executions whose concurrency key is at its limit. No row
 -- can make it raise: the timeout and the rate period are clamped to 10 years (the constraints hold them
 -- there too), because one bad row here would stop its whole queue. Availability, deadlines, the times
 -- stamped and returned are durable time (clock_now(), read once); the lease and the rate window are not.
-CREATE FUNCTION claim_with_policy(queue_name text, names text[], owner text, lease double precision,
-                                             max_claims integer, version text)
-RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-#variable_conflict use_column
-DECLARE
-    policy queues%ROWTYPE;
-    run_slots integer[];
-    rate_slots integer[];
-    wanted integer := max_claims;
-    chosen text[] := '{}';
-    chosen_keys text[] := '{}';
-    candidate record;
-    running_for_key integer;
-    scanned integer := 0;
-    at timestamptz := clock_now();
-BEGIN
-    SELECT * INTO policy FROM queues q WHERE q.name = queue_name;
-    IF policy.concurrency IS NOT NULL THEN
-        SELECT array_agg(s.slot) INTO run_slots FROM (
-            SELECT s.slot FROM queue_slots s
-            LEFT JOIN workflow_executions e ON e.id = s.holder_id
-            WHERE s.queue = queue_name AND s.kind = 'run'
-              AND (s.holder_id IS NULL OR e.id IS NULL OR e.status <> 'running' OR e.attempt <> s.holder_attempt)
-            ORDER BY s.slot
-            LIMIT wanted
-            FOR UPDATE OF s SKIP LOCKED) s;
-        wanted := least(wanted, coalesce(cardinality(run_slots), 0));
-    END IF;
-    IF policy.rate_limit IS NOT NULL AND wanted > 0 THEN
-        SELECT array_agg(s.slot) INTO rate_slots FROM (
-            SELECT s.slot FROM queue_slots s
-            WHERE s.queue = queue_name AND s.kind = 'rate'
-              AND (s.used_at IS NULL
-                   OR s.used_at <= now() - make_interval(secs => least(policy.rate_period_seconds, 315360000)))
-            ORDER BY s.slot
-            LIMIT wanted
-            FOR UPDATE OF s SKIP LOCKED) s;
-        wanted := least(wanted, coalesce(cardinality(rate_slots), 0));
-    END IF;
-    IF wanted <= 0 THEN
-        RETURN;
-    END IF;
-
-    -- Walk the queue in claim order. Keyed executions are taken only while their key has room: the
-    -- key's advisory lock (held to the end of this transaction) makes concurrent claimers of one key take
-    -- turns, and the count below runs after it is held, so it sees every claim of the key committed
-    -- before. The walk is bounded, so one busy key at the head of a long queue cannot make claims slow.
-    FOR candidate IN
-        SELECT e.id, e.concurrency_key FROM workflow_executions e
-        WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
-          AND e.available_at <= at AND (e.app_version IS NULL OR e.app_version = version)
-        ORDER BY e.priority, e.seq
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        scanned := scanned + 1;
-        EXIT WHEN scanned > 1000;
-        IF candidate.concurrency_key IS NOT NULL AND policy.key_concurrency IS NOT NULL THEN
-            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(queue_name || ':' || candidate.concurrency_key, 7231));
-            SELECT count(*) INTO running_for_key FROM workflow_executions e
-            WHERE e.queue = queue_name AND e.concurrency_key = candidate.concurrency_key AND e.status = 'running';
-            running_for_key := running_for_key
-                + (SELECT count(*) FROM unnest(chosen_keys) k WHERE k = candidate.concurrency_key);
-            CONTINUE WHEN running_for_key >= policy.key_concurrency;
-            chosen_keys := chosen_keys || candidate.concurrency_key;
-        END IF;
-        chosen := chosen || candidate.id;
-        EXIT WHEN cardinality(chosen) >= wanted;
-    END LOOP;
-
-    RETURN QUERY
-    WITH claimed AS (
-        UPDATE workflow_executions e
-        SET status = 'running',
-            owner_id = owner,
-            lease_expires = now() + make_interval(secs => lease),
-            attempt = e.attempt + 1,
-            -- The moment of the claim itself (not the transaction's start, before the slots and key
-            -- locks were taken), so that limits can be checked against these timestamps; on durable time.
-            started_at = coalesce(e.started_at, clock_timestamp() + (at - now())),
-            updated_at = at,
-            app_version = version,
-            deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
-                            THEN least(coalesce(e.deadline, 'infinity'),
-                                       at + make_interval(secs => least(e.timeout_seconds, 315360000)))
-                            ELSE e.deadline END
-        WHERE e.id = ANY (chosen)
-        RETURNING e.id, e.name, e.attempt, e.input, e.forked_from, e.seq, e.priority
-    ), numbered AS (
-        SELECT c.*, row_number() OVER (ORDER BY c.priority, c.seq) AS n FROM claimed c
-    ), held AS (
-        UPDATE queue_slots s
-        SET holder_id = numbered.id, holder_attempt = numbered.attempt
-        FROM numbered
-        WHERE s.queue = queue_name AND s.kind = 'run' AND s.slot = run_slots[numbered.n]
-    ), used AS (
-        -- The slot's use is stamped after the claim's own started_at (both clock times), and a slot is
-        -- reused only a full period after it by the transaction start of a later claim: any two starts
-        -- through one slot are at least a period apart.
-        UPDATE queue_slots s
-        SET used_at = clock_timestamp()
-        FROM numbered
-        WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
-    )
-    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, at,
-           numbered.attempt > 1 OR numbered.forked_from IS NOT NULL
-    FROM numbered;
-END;
-$$;
-
--- The policy claim of workers of version 14 on: as claim_with_policy (durable time as there), plus
--- adopt_after (seconds, NULL: never) lets it take executions of versions with no live worker, and previous_version says which version
--- each claimed execution had. claim_with_policy stays for the older workers of a rolling deploy.
+-- adopt_after (seconds, NULL: never) lets it take executions of versions with no live worker (adoption),
+-- and previous_version says which version each claimed execution had.
 CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,
                                      max_claims integer, version text, adopt_after double precision)
 RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean,
@@ -1190,7 +1078,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Walk the queue in claim order (see claim_with_policy). Versions with a live worker are left to it.
+    -- Walk the queue in claim order. Keyed executions are taken only while their key has room: the key's
+    -- advisory lock (held to the end of this transaction) makes concurrent claimers of one key take turns,
+    -- and the count below runs after it is held, so it sees every claim of the key committed before. The
+    -- walk is bounded, so one busy key at the head of a long queue cannot make claims slow. Executions of
+    -- a version with a live worker are left to it (adoption).
     FOR candidate IN
         SELECT e.id, e.concurrency_key, e.app_version FROM workflow_executions e
         WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
@@ -1226,7 +1118,8 @@ BEGIN
             owner_id = owner,
             lease_expires = now() + make_interval(secs => lease),
             attempt = e.attempt + 1,
-            -- The moment of the claim itself, on durable time (see claim_with_policy).
+            -- The moment of the claim itself (not the transaction's start, before the slots and key
+            -- locks were taken), so that limits can be checked against these timestamps; on durable time.
             started_at = coalesce(e.started_at, clock_timestamp() + (at - now())),
             updated_at = at,
             app_version = version,
@@ -1254,6 +1147,18 @@ BEGIN
            chosen_versions[array_position(chosen, numbered.id)]
     FROM numbered;
 END;
+$$;
+
+-- The previous release's policy claim, for its workers during a rolling deploy: claim_with_policy_v2 in
+-- strict mode (no adoption), without previous_version. One body for both.
+CREATE FUNCTION claim_with_policy(queue_name text, names text[], owner text, lease double precision,
+                                             max_claims integer, version text)
+RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT c.id, c.name, c.attempt, c.input, c.db_now, c.has_history
+    FROM claim_with_policy_v2(queue_name, names, owner, lease, max_claims, version, NULL) AS c;
 $$;
 
 -- == Table bindings ====================================================================================

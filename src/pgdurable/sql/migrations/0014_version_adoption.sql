@@ -3,8 +3,8 @@
 -- 1. Adoption. A worker may claim an execution that another application version started once no live
 --    worker of that version is left (none heartbeating within the worker's adopt_after_seconds). The plain
 --    claim (a named query) does it with one more parameter; the policy claim needs a new signature, so it
---    is claim_with_policy_v2 (claim_with_policy stays, unchanged, for the workers of a rolling deploy
---    that still call it). Both also return the version the execution had before the claim, so that a
+--    is claim_with_policy_v2 (claim_with_policy stays for the workers of a rolling deploy that still call
+--    it, now v2 in strict mode). Both also return the version the execution had before the claim, so that a
 --    worker that parks it can give it back.
 -- 2. Parking. An execution whose recorded history the adopting code does not replay (another step at an
 --    ordinal, or recorded steps the code never reached) is parked: status 'waiting', wait_reason
@@ -94,7 +94,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Walk the queue in claim order (see claim_with_policy). Versions with a live worker are left to it.
+    -- Walk the queue in claim order. Keyed executions are taken only while their key has room: the key's
+    -- advisory lock (held to the end of this transaction) makes concurrent claimers of one key take turns,
+    -- and the count below runs after it is held, so it sees every claim of the key committed before. The
+    -- walk is bounded, so one busy key at the head of a long queue cannot make claims slow. Executions of
+    -- a version with a live worker are left to it (adoption).
     FOR candidate IN
         SELECT e.id, e.concurrency_key, e.app_version FROM workflow_executions e
         WHERE e.status = 'enqueued' AND e.queue = queue_name AND e.name = ANY (names)
@@ -130,7 +134,8 @@ BEGIN
             owner_id = owner,
             lease_expires = now() + make_interval(secs => lease),
             attempt = e.attempt + 1,
-            -- The moment of the claim itself, on durable time (see claim_with_policy).
+            -- The moment of the claim itself (not the transaction's start, before the slots and key
+            -- locks were taken), so that limits can be checked against these timestamps; on durable time.
             started_at = coalesce(e.started_at, clock_timestamp() + (at - now())),
             updated_at = at,
             app_version = version,
@@ -158,6 +163,18 @@ BEGIN
            chosen_versions[array_position(chosen, numbered.id)]
     FROM numbered;
 END;
+$$;
+
+-- The previous release's policy claim, for its workers during a rolling deploy: claim_with_policy_v2 in
+-- strict mode (no adoption), without previous_version. One body for both.
+CREATE OR REPLACE FUNCTION claim_with_policy(queue_name text, names text[], owner text, lease double precision,
+                                             max_claims integer, version text)
+RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT c.id, c.name, c.attempt, c.input, c.db_now, c.has_history
+    FROM claim_with_policy_v2(queue_name, names, owner, lease, max_claims, version, NULL) AS c;
 $$;
 
 -- == 4. Versions ==
