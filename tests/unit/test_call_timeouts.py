@@ -92,3 +92,20 @@ def test_cancelling_the_caller_cancels_the_timed_call() -> None:
 
 def test_without_a_timeout_nothing_changes() -> None:
     assert call_sync(Invoke(threading.current_thread)) is threading.current_thread()
+
+
+def test_timed_calls_reuse_threads_but_never_one_still_running_an_abandoned_call() -> None:
+    release = threading.Event()
+    first = call_sync(Invoke(threading.get_ident, timeout=WAIT))
+    assert call_sync(Invoke(threading.get_ident, timeout=WAIT)) == first  # reused once idle
+
+    def hangs() -> int:
+        release.wait(WAIT)
+        return threading.get_ident()
+
+    with pytest.raises(StepTimeout):
+        call_sync(Invoke(hangs, timeout=0.05))
+    busy = {first}  # the abandoned call holds the thread it ran on (the idle one: the first)
+    other = call_sync(Invoke(threading.get_ident, timeout=WAIT))
+    assert other not in busy
+    release.set()
