@@ -78,7 +78,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -304,6 +304,9 @@ class Workers:
         self.stopped: set[int] = set()  # pids we SIGSTOPped and not yet continued
         self.unexpected: list[str] = []
         self.spawned = 0
+        # The application version workers start with (PGDURABLE_APP_VERSION): a new one after every worker
+        # was killed at once, as if a deploy had replaced them; theirs adopt the old version's executions.
+        self.generation = 1
 
     def start(self, slot: int) -> subprocess.Popen[bytes]:
         path = self.workdir / f"{self.label}-worker-{self.spawned}.log"
@@ -311,7 +314,8 @@ class Workers:
         with open(path, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pgdurable", "worker", TARGET, "-c", str(self.opts.concurrency)],
-                env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out,
+                env={**self.env, "PGDURABLE_APP_VERSION": f"chaos-v{self.generation}"}, cwd=REPO,
+                stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT)
         self.slots[slot] = proc
         self.logs.append(path)
@@ -423,19 +427,25 @@ class Item:
     moves: tuple[tuple[int, int], ...] = ()  # (account, delta) applied to the balances by those effects
     parent: str | None = None  # children are enqueued by their parent workflow, not by the feeder
     timeout: float | None = None  # enqueued with timeout_seconds
+    # debounced: the values of n of a burst of enqueues with one debounce key (the item's planned id), sent
+    # one after the other; exactly one execution must run, with the last. Its id is the burst's: the feeder
+    # learns it from the first enqueue, and the checker finds it by the key.
+    burst: tuple[int, ...] = ()
     messages: tuple[int, ...] = ()  # receivers: the amounts of the messages the client sends them, in order
 
 
 # Kinds of the mixed workload, by weight.
 MIX = {"plain": 30, "plain_async": 15, "transfer": 20, "transfer_async": 8, "doomed": 8, "sleeper": 6,
-       "timed": 2, "timed_async": 2, "sleeper_async": 4, "receiver": 4, "receiver_async": 2, "parent": 2,
-       "parent_async": 1}
+       "timed": 2, "timed_async": 2, "debounced": 3, "sleeper_async": 4, "receiver": 4, "receiver_async": 2,
+       "parent": 2, "parent_async": 1}
 FAILING_MIX = {"plain": 20, "plain_async": 10, "transfer": 12, "transfer_async": 8, "doomed": 35, "sleeper": 4,
                "sleeper_async": 2, "receiver": 3, "receiver_async": 2, "parent": 3, "parent_async": 1}
 # No receivers in the burst: the client would have to send tens of thousands of messages meanwhile.
 BURST_MIX = {"plain": 58, "plain_async": 20, "transfer": 10, "transfer_async": 5, "doomed": 4, "sleeper": 2,
              "parent": 1}
 TIMEOUT_KINDS = ("forever", "forever_async", "forever_parent")
+# A debounced burst's window: its execution starts this long after the burst's last enqueue.
+DEBOUNCE_SECONDS = 1.0
 HANG_KINDS = ("hang", "hang_async")
 # Kinds that finish within a second or two of being started: the ones whose finishing times measure the
 # recovery from a fault (receivers wait for the client's messages, parents for their children).
@@ -483,6 +493,10 @@ def make_items(rng: random.Random, label: str, start: int, count: int, mix: dict
         elif kind in ("timed", "timed_async"):  # a step past its timeout once per process, then retried
             items.append(Item(wid, kind, {"n": i, "pause": pause}, "succeeded", chaos_app.expected_timed(i),
                               history=("chaos.atimed",) if kind == "timed_async" else ("chaos.timed",)))
+        elif kind == "debounced":  # a burst of 2-5 enqueues with one key: one execution, the last arguments
+            burst = tuple(i * 10 + k for k in range(rng.randint(2, 5)))
+            items.append(Item(wid, kind, {"pause": pause}, "succeeded", chaos_app.expected_debounced(burst[-1]),
+                              history=("chaos.settle",), burst=burst))
         elif kind in ("transfer", "transfer_async"):
             source, target = rng.sample(range(ACCOUNTS), 2)
             items.append(_transfer(wid, kind, source, target, rng.randint(1, 100), pause))
@@ -578,6 +592,7 @@ class Feeder(threading.Thread):
         self.enqueued_at: dict[str, float] = {}  # time.monotonic() when the batch holding the id went in
         self.retries = 0
         self.failures: list[str] = []
+        self.burst_sent: dict[str, int] = {}  # debounced items: enqueues of the burst that went in
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -590,7 +605,7 @@ class Feeder(threading.Thread):
                 time.sleep(wait)
             by_kind: dict[tuple[str, bool], list[Item]] = {}
             for item in items:
-                by_kind.setdefault((item.kind, item.timeout is not None), []).append(item)
+                by_kind.setdefault((item.kind, item.timeout is not None or bool(item.burst)), []).append(item)
             for (kind, one_by_one), group in by_kind.items():
                 if one_by_one:
                     for item in group:
@@ -603,7 +618,9 @@ class Feeder(threading.Thread):
         flow = getattr(self.flows, kind)
         while not self.halt.is_set():
             try:
-                if group[0].timeout is not None:
+                if group[0].burst:
+                    group = [self._burst(flow, group[0])]
+                elif group[0].timeout is not None:
                     self.client.enqueue(flow, workflow_id=group[0].id, timeout_seconds=group[0].timeout,
                                         **group[0].args)
                 else:
@@ -622,6 +639,21 @@ class Feeder(threading.Thread):
                                          f"{exc}")
                     return
                 time.sleep(0.2)
+
+
+    def _burst(self, flow: Any, item: Item) -> Item:
+        """Enqueue a debounced burst; the item as the execution it made (its id is the burst's). Retried after
+        an error (a lost connection, a restarted server), it goes on from the enqueue that failed, which
+        continues the same burst: its execution starts only DEBOUNCE_SECONDS after the last enqueue."""
+        handle = None
+        sent = self.burst_sent.get(item.id, 0)
+        for n in item.burst[max(0, sent - 1):]:  # the last one that went in again: it may have been the failed one
+            handle = self.client.enqueue(flow, debounce_key=item.id, debounce_seconds=DEBOUNCE_SECONDS,
+                                         debounce_max_seconds=10 * DEBOUNCE_SECONDS, n=n, **item.args)
+            sent += 1
+            self.burst_sent[item.id] = sent
+        assert handle is not None
+        return replace(item, id=handle.workflow_id)
 
 
 class Sender(threading.Thread):
@@ -1055,7 +1087,10 @@ class Scenario:
         for slot in slots:
             self.workers.kill(slot)
             restarts.append((time.monotonic() + self.rng.uniform(0.2, 1.5), slot))
-        what = f"all {len(pids)} live workers" if everyone else f"pid {pids[0]}"
+        if everyone:  # they come back as a new application version (a deploy): it adopts what they ran
+            self.workers.generation += 1
+        what = (f"all {len(pids)} live workers, restarted as version chaos-v{self.workers.generation}" if everyone
+                else f"pid {pids[0]}")
         self.faults.append(Fault("SIGKILL", at, at, affected, f"{what}, {len(affected)} in flight"))
 
     def _restart_due(self, restarts: list[tuple[float, int]], everything: bool = False) -> None:
@@ -1267,6 +1302,7 @@ class Scenario:
             "SELECT id, name, status, output, error, extract(epoch FROM created_at)::float8, "
             "extract(epoch FROM completed_at)::float8, recoveries, attempt, "
             "extract(epoch FROM deadline)::float8, parent_id FROM {e}.workflow_executions"))}
+        items = self._bursts_by_key(items, notes, row)
         if self.waiters is not None:
             row.waited = self.waiters.waited
             # A waiter re-checks every 5 s even without a notification: finishing 6 s before the wait gave up
@@ -1328,7 +1364,7 @@ class Scenario:
         # Exactly-once effects: one row per (execution, step, effect) in the application log, none unplanned.
         duplicated_effects = sum(n - 1 for n in applied.values() if n > 1)
         stray = [key for key in applied if key not in expected_effects]
-        row.duplicated = duplicated_effects + duplicated_steps + len(stray)
+        row.duplicated += duplicated_effects + duplicated_steps + len(stray)  # (+ bursts run twice)
         if duplicated_effects:
             notes.append(f"{duplicated_effects} effects applied more than once, e.g. "
                          f"{[k for k, n in applied.items() if n > 1][:3]}")
@@ -1416,6 +1452,28 @@ class Scenario:
         """How late after its deadline an execution may be failed: a few sweep intervals (each worker sweeps
         every 0.5-1.5 sweep intervals), plus a second for a loaded machine."""
         return 4 * self.opts.sweep + 1.0
+
+    def _bursts_by_key(self, items: list[Item], notes: list[str], row: Row) -> list[Item]:
+        """Each debounced item as the one execution its burst made, found by its key (the planned id); a burst
+        that made more than one execution ran more than once."""
+        runs: dict[str, list[str]] = {}
+        for execution_id, key in self.checker.rows(self.e(
+                "SELECT id, debounce_key FROM {e}.workflow_executions WHERE debounce_key IS NOT NULL")):
+            runs.setdefault(key, []).append(execution_id)
+        resolved = []
+        for item in items:
+            if item.burst and item.id in runs:
+                ids = runs[item.id]
+                if len(ids) > 1:
+                    row.duplicated += len(ids) - 1
+                    notes.append(f"debounced burst {item.id} ran {len(ids)} times: {ids[:3]}")
+                item = replace(item, id=ids[0])
+            resolved.append(item)
+        bursts = [item for item in items if item.burst]
+        if bursts:
+            notes.append(f"debounced: {len(bursts)} bursts of {sum(len(i.burst) for i in bursts)} enqueues, "
+                         f"{sum(len(runs.get(i.id, [])) for i in bursts)} executions")
+        return resolved
 
     def _check_item(self, item: Item, execution: tuple[Any, ...] | None, history: list[str],
                     applied: dict[tuple[str, str, str], int], executions: dict[str, tuple[Any, ...]]) -> str | None:

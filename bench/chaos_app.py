@@ -105,6 +105,10 @@ def expected_timed(n: int) -> int:
     return n * 3
 
 
+def expected_debounced(n: int) -> int:
+    return n * 7
+
+
 def _first_attempt_here() -> bool:
     """True the first time this process runs the calling workflow's timed step (then it hangs)."""
     workflow_id = pgdurable.current_workflow_id()
@@ -499,7 +503,19 @@ def define(app: pgdurable.App) -> SimpleNamespace:
         await asyncio.sleep(random.uniform(0, pause))
         return int(await atimed_call(n))
 
-    return SimpleNamespace(timed=timed, timed_async=timed_async,
+    # -- debounced: a burst of enqueues with one key runs once, with the burst's last arguments -------------
+
+    @app.step(name="chaos.settle")
+    def settle(n: int) -> int:
+        _trace("chaos.settle")
+        return expected_debounced(n)
+
+    @app.workflow(name="chaos.debounced", max_recoveries=MAX_RECOVERIES)
+    def debounced(n: int, pause: float = 0.0) -> int:
+        time.sleep(random.uniform(0, pause))
+        return int(settle(n))
+
+    return SimpleNamespace(timed=timed, timed_async=timed_async, debounced=debounced,
                            plain=plain, plain_async=plain_async, transfer=transfer, transfer_async=transfer_async,
                            doomed=doomed, sleeper=sleeper, sleeper_async=sleeper_async, receiver=receiver,
                            receiver_async=receiver_async, parent=parent, parent_async=parent_async,
@@ -513,5 +529,9 @@ app = pgdurable.App(
     poll_seconds=float(os.environ.get("CHAOS_POLL", "0.5")),
     shutdown_grace_seconds=1.0,
     unknown_workflow_grace_seconds=None,
+    # The harness deploys a new application version whenever it has killed every worker at once
+    # (PGDURABLE_APP_VERSION per generation): the new workers adopt the old version's executions this soon
+    # after the last heartbeat of its workers.
+    adopt_after_seconds=float(os.environ.get("CHAOS_ADOPT", "1.0")),
 )
 workflows = define(app)
