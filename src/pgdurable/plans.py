@@ -11,6 +11,7 @@ between sync and async, so the engine keeps no twin of any operation.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import inspect
 import logging
@@ -128,8 +129,6 @@ class _TimedCall:
             self.value = self.context.run(self.effect.fn, *self.effect.args, **self.effect.kwargs)
         except BaseException as exc:
             self.error = exc
-        finally:
-            self.finished.set()
 
 
 class _Runners:
@@ -138,12 +137,14 @@ class _Runners:
     every thread is busy: there are as many as timed calls ever ran at once."""
 
     def __init__(self) -> None:
-        self._idle: queue.SimpleQueue[queue.SimpleQueue[_TimedCall]] = queue.SimpleQueue()
+        # Idle threads' inboxes, the most recently idle last (taken first: its stack is warm). deque's append
+        # and pop are atomic.
+        self._idle: collections.deque[queue.SimpleQueue[_TimedCall]] = collections.deque()
 
     def submit(self, call: _TimedCall) -> None:
         try:
-            inbox = self._idle.get_nowait()
-        except queue.Empty:
+            inbox = self._idle.pop()
+        except IndexError:
             inbox = queue.SimpleQueue()
             threading.Thread(target=self._serve, args=(inbox,), name="pgdurable-timed-call", daemon=True).start()
         inbox.put(call)
@@ -152,8 +153,9 @@ class _Runners:
         while True:
             call = inbox.get()
             call.run()
+            self._idle.append(inbox)  # idle again before the caller wakes, so its next call can reuse it
+            call.finished.set()
             del call  # hold nothing of a finished call while idle
-            self._idle.put(inbox)
 
 
 _runners = _Runners()
