@@ -17,10 +17,22 @@ from tests.harness import WAIT, wait_for
 
 
 def intervals(app: pgdurable.App, queue: str) -> list[tuple[datetime, datetime, str | None]]:
+    """When each execution of the queue ran: from its claim to its completion. Only executions that ran in one
+    attempt: one whose lease ran out on a machine too busy to heartbeat in time (its slot is free again once
+    it is swept) keeps its first started_at, so its span would cover its later attempt's neighbours too."""
     with psycopg.connect(app.db.conninfo) as conn:
         rows = conn.execute(sql.SQL("SELECT started_at, completed_at, concurrency_key FROM {}.workflow_executions "
-                                    "WHERE queue = %s").format(sql.Identifier(app.schema)), (queue,)).fetchall()
+                                    "WHERE queue = %s AND attempt = 1 AND recoveries = 0").format(
+                                        sql.Identifier(app.schema)), (queue,)).fetchall()
     return [(a, b, k) for a, b, k in rows]
+
+
+def recovered(app: pgdurable.App, queue: str) -> int:
+    with psycopg.connect(app.db.conninfo) as conn:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}.workflow_executions WHERE queue = %s "
+                                   "AND (attempt > 1 OR recoveries > 0)").format(sql.Identifier(app.schema)),
+                           (queue,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def max_overlap(spans: list[tuple[datetime, datetime, str | None]]) -> int:
@@ -55,7 +67,9 @@ def test_global_concurrency_limit_holds_across_workers(app: pgdurable.App,
     handles = [app.enqueue(job, i) for i in range(24)]
     assert [h.result(timeout=WAIT) for h in handles] == list(range(24))
     spans = intervals(app, "limited")
-    assert max_overlap(spans) == 3  # never more, and the limit is actually used
+    assert max_overlap(spans) <= 3  # never more
+    if not recovered(app, "limited"):
+        assert max_overlap(spans) == 3  # and the limit is actually used
 
 
 def test_per_worker_concurrency(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
@@ -64,7 +78,9 @@ def test_per_worker_concurrency(app: pgdurable.App, start_worker: Callable[..., 
     start_worker(app, concurrency=16)
     handles = [app.enqueue(job, i) for i in range(10)]
     assert [h.result(timeout=WAIT) for h in handles] == list(range(10))
-    assert max_overlap(intervals(app, "per-worker")) == 2
+    assert max_overlap(intervals(app, "per-worker")) <= 2
+    if not recovered(app, "per-worker"):
+        assert max_overlap(intervals(app, "per-worker")) == 2
 
 
 def test_rate_limit_is_a_sliding_window(app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
@@ -95,7 +111,8 @@ def test_key_concurrency_gives_each_tenant_one_slot(app: pgdurable.App, start_wo
     spans = intervals(app, "tenants")
     for key in ("a", "b", "c"):
         assert max_overlap([s for s in spans if s[2] == key]) == 1, f"tenant {key} ran two at once"
-    assert max_overlap(spans) == 3  # the three tenants did run side by side
+    if not recovered(app, "tenants"):
+        assert max_overlap(spans) == 3  # the three tenants did run side by side
     first_b = min(start for start, _, k in spans if k == "b")
     last_a = max(start for start, _, k in spans if k == "a")
     assert first_b < last_a  # b did not wait behind all of a's backlog

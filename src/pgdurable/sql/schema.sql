@@ -1061,6 +1061,15 @@ BEGIN
             ORDER BY s.slot
             LIMIT wanted
             FOR UPDATE OF s SKIP LOCKED) s;
+        -- A slot locked above may have been taken by a claim that committed after this statement's snapshot
+        -- and before the lock: FOR UPDATE re-read the slot's new holder but judged it against the execution
+        -- row of the old snapshot (the join no longer matched, so it looked free). With the locks held, look
+        -- again in a new statement, which sees every claim committed before them.
+        SELECT array_agg(s.slot ORDER BY s.slot) INTO run_slots
+        FROM queue_slots s
+        LEFT JOIN workflow_executions e ON e.id = s.holder_id
+        WHERE s.queue = queue_name AND s.kind = 'run' AND s.slot = ANY (run_slots)
+          AND (s.holder_id IS NULL OR e.id IS NULL OR e.status <> 'running' OR e.attempt <> s.holder_attempt);
         wanted := least(wanted, coalesce(cardinality(run_slots), 0));
     END IF;
     IF policy.rate_limit IS NOT NULL AND wanted > 0 THEN
