@@ -8,14 +8,13 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import bindings, enqueue, events, limits, local, plans, primitives, scheduling, store, streams
-from .bindings import Binding
+from . import enqueue, events, limits, local, plans, primitives, store, streams
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
@@ -24,17 +23,12 @@ from .context import current
 from .db import CallPlan, Database
 from .embedded import embedded_database_url
 from .errors import WorkflowNotFound
+from .facades import BindingCalls, ScheduleCalls
 from .migrations import migrate
 from .redaction import SecretUrl, redact
 from .runtime import Runtime
 from .schedules import (
-    CatchUp,
-    Schedule,
     ScheduleDefinition,
-    delete_schedule,
-    get_schedule,
-    list_schedules,
-    pause_schedule,
 )
 from .serialization import JsonSerializer, Serializer, SizeLimit
 from .steps import RetryPolicy, make_step
@@ -45,10 +39,9 @@ from .workflows import Registry, Workflow, default_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
-W = TypeVar("W", bound=Workflow[Any, Any])
 
 
-class App:
+class App(ScheduleCalls, BindingCalls):
     """A pgdurable application. Create one (or several: there is no global state) and register workflows.
 
     ``database_url`` defaults to ``PGDURABLE_DATABASE_URL``, then ``DATABASE_URL``, then an embedded
@@ -546,138 +539,6 @@ class App:
 
     async def migrate_async(self) -> list[int]:
         return await asyncio.to_thread(self.migrate)
-
-    # -- schedules (logic: schedules.py, and worker/maintenance/scheduler.py fires them) ------------------
-
-    def schedule(self, name: str, workflow: Workflow[..., Any] | str, cron: str, *, timezone: str = "UTC",
-                 queue: str | None = None, priority: int | None = None, args: Mapping[str, Any] | None = None,
-                 catch_up: CatchUp = "skip", pass_scheduled_at: bool | None = None) -> Schedule:
-        """Create or redefine the schedule ``name``: workers enqueue ``workflow`` at every tick of ``cron``.
-
-        ``cron``: 5 fields, 6 with seconds first, or @hourly/@daily/@weekly/@monthly/@yearly, read as
-        wall-clock time in ``timezone`` (an IANA name). ``args``: the workflow's keyword arguments.
-        ``pass_scheduled_at``: also pass the tick's time as ``scheduled_at`` (default: when the workflow has
-        such a parameter). ``catch_up``: after downtime, "skip" fires only ticks late by less than 60 s,
-        "all" fires every missed tick. Everything is checked now: ``ValueError``/``TypeError`` on a bad
-        expression, time zone or arguments. Redefining keeps the next tick unless the timetable changed.
-        """
-        return self.db.run_plan(scheduling.store_definition(scheduling.define(
-            self.runtime, name, workflow, cron, timezone=timezone, queue=queue, priority=priority, args=args,
-            catch_up=catch_up, pass_scheduled_at=pass_scheduled_at)), transaction=True)
-
-    async def schedule_async(self, name: str, workflow: Workflow[..., Any] | str, cron: str, *,
-                             timezone: str = "UTC", queue: str | None = None, priority: int | None = None,
-                             args: Mapping[str, Any] | None = None, catch_up: CatchUp = "skip",
-                             pass_scheduled_at: bool | None = None) -> Schedule:
-        return await self.db.arun_plan(scheduling.store_definition(scheduling.define(
-            self.runtime, name, workflow, cron, timezone=timezone, queue=queue, priority=priority, args=args,
-            catch_up=catch_up, pass_scheduled_at=pass_scheduled_at)), transaction=True)
-
-    def scheduled(self, cron: str, *, name: str | None = None, timezone: str = "UTC", queue: str | None = None,
-                  priority: int | None = None, args: Mapping[str, Any] | None = None, catch_up: CatchUp = "skip",
-                  pass_scheduled_at: bool | None = None) -> Callable[[W], W]:
-        """Decorator, above ``@app.workflow``: run the workflow on a cron schedule (named after the workflow
-        unless ``name`` is given; options as in ``schedule``). Checked at once; stored (created, or redefined
-        where it changed) when a worker starts."""
-
-        def register(workflow: W) -> W:
-            if not isinstance(workflow, Workflow):
-                raise TypeError("@app.scheduled goes above @app.workflow: it schedules a registered workflow")
-            return scheduling.declare(self.runtime, workflow, scheduling.define(
-                self.runtime, name or workflow.name, workflow, cron, timezone=timezone, queue=queue, priority=priority,
-                args=args, catch_up=catch_up, pass_scheduled_at=pass_scheduled_at))
-
-        return register
-
-    def get_schedule(self, name: str) -> Schedule | None:
-        return self.db.run(get_schedule(name))
-
-    async def get_schedule_async(self, name: str) -> Schedule | None:
-        return await self.db.arun(get_schedule(name))
-
-    def list_schedules(self) -> list[Schedule]:
-        return self.db.run(list_schedules())
-
-    async def list_schedules_async(self) -> list[Schedule]:
-        return await self.db.arun(list_schedules())
-
-    def unschedule(self, name: str) -> bool:
-        """Delete a schedule; True if it existed. Executions it already enqueued are left alone."""
-        return self.db.run(delete_schedule(name))
-
-    async def unschedule_async(self, name: str) -> bool:
-        return await self.db.arun(delete_schedule(name))
-
-    def pause_schedule(self, name: str) -> bool:
-        """Stop firing a schedule until it is resumed; True if it exists."""
-        return self.db.run(pause_schedule(name))
-
-    async def pause_schedule_async(self, name: str) -> bool:
-        return await self.db.arun(pause_schedule(name))
-
-    def resume_schedule(self, name: str) -> bool:
-        """Fire a paused schedule again from its first tick after now (ticks missed while paused do not fire);
-        True if it exists. ``ValueError`` if its stored expression or time zone is invalid."""
-        return self.db.run_plan(scheduling.resume(name), transaction=True)
-
-    async def resume_schedule_async(self, name: str) -> bool:
-        return await self.db.arun_plan(scheduling.resume(name), transaction=True)
-
-    # -- table bindings (logic: bindings.py; the trigger: migration 0015) -----------------------------------
-
-    def bind_table(self, table: str, workflow: Workflow[..., Any] | str, *,
-                   on: str | Iterable[str] = ("insert",), when: str | None = None, name: str | None = None,
-                   pass_old: bool | None = None, queue: str | None = None, priority: int | None = None,
-                   max_recoveries: int | None = None, timeout_seconds: float | None = None) -> Binding:
-        """Enqueue ``workflow`` for every change of a row of ``table`` (an insert, update or delete, as
-        ``on`` says) for which ``when`` holds, inside the writing transaction: exactly one execution per
-        change if that transaction commits, none if it rolls back. A trigger does it, so every writer (any
-        language, any role) is covered; the writing role needs no rights on pgdurable's tables.
-
-        The row's columns are the workflow's arguments by name (columns it does not take are left out; a
-        parameter without a default that no column fills is refused now). ``pass_old``: also pass the row
-        before the change as ``old`` (default: whether the workflow has a parameter named ``old``).
-        ``when``: a SQL boolean expression on ``NEW`` and ``OLD``, written by the developer (never from
-        user input), e.g. ``"NEW.status = 'paid'"``. ``name``: the binding's name (default
-        ``"<table>:<workflow>"``); binding the same name again replaces the binding. The table needs a
-        primary key. See docs/table-bound-workflows.md.
-        """
-        return bindings.bind(self.runtime, table, workflow, on=on, when=when, name=name, pass_old=pass_old,
-                             queue=queue, priority=priority, max_recoveries=max_recoveries,
-                             timeout_seconds=timeout_seconds)
-
-    async def bind_table_async(self, table: str, workflow: Workflow[..., Any] | str, *,
-                               on: str | Iterable[str] = ("insert",), when: str | None = None,
-                               name: str | None = None, pass_old: bool | None = None, queue: str | None = None,
-                               priority: int | None = None, max_recoveries: int | None = None,
-                               timeout_seconds: float | None = None) -> Binding:
-        # Several statements in one transaction, with checks between them: the sync implementation, on a thread.
-        return await asyncio.to_thread(
-            self.bind_table, table, workflow, on=on, when=when, name=name, pass_old=pass_old, queue=queue,
-            priority=priority, max_recoveries=max_recoveries, timeout_seconds=timeout_seconds)
-
-    def bindings(self) -> list[Binding]:
-        """Every table binding, with the table its trigger is on now (``installed_on``; None if it is gone)."""
-        return self.db.run(bindings.list_bindings())
-
-    async def bindings_async(self) -> list[Binding]:
-        return await self.db.arun(bindings.list_bindings())
-
-    def restore_bindings(self) -> list[str]:
-        """Re-create, from their records, the triggers of the bindings whose table exists but whose trigger
-        is gone (the table was dropped and created again); returns their names."""
-        return self.db.run(bindings.restore())
-
-    async def restore_bindings_async(self) -> list[str]:
-        return await self.db.arun(bindings.restore())
-
-    def unbind_table(self, name: str) -> bool:
-        """Remove a table binding (its trigger and its record); True if it existed. Executions it already
-        enqueued are left alone."""
-        return self.db.run(bindings.unbind(name))
-
-    async def unbind_table_async(self, name: str) -> bool:
-        return await self.db.arun(bindings.unbind(name))
 
     # -- workers ------------------------------------------------------------------------------------------
 
