@@ -272,8 +272,8 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
                 _first, row_factory=class_row(Enqueued))
 
 
-def find_duplicate(*, queue: str, dedup_key: str) -> Call[Enqueued | None]:
-    return Call("find_duplicate", {"queue": queue, "dedup_key": dedup_key}, _first,
+def find_enqueued(*, id: str, queue: str, dedup_key: str | None) -> Call[Enqueued | None]:
+    return Call("find_enqueued", {"id": id, "queue": queue, "dedup_key": dedup_key}, _first,
                 row_factory=class_row(Enqueued))
 
 
@@ -466,6 +466,10 @@ def deregister_worker(id: str) -> Call[None]:
 
 def prune_workers() -> Call[None]:
     return Call("prune_workers", {}, _nothing)
+
+
+def arm_doorbell(*, id: str, queue: str) -> Call[None]:
+    return Call("arm_doorbell", {"id": id, "queue": queue}, _nothing)
 
 
 def list_workers() -> Call[list[tuple[Any, ...]]]:
