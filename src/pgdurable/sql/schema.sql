@@ -24,6 +24,8 @@
 -- 3. Every function, trigger functions included, gets SET search_path FROM CURRENT and, unless everybody
 --    may call it, REVOKE ALL ... FROM PUBLIC. The migration runner re-applies the recorded roles' grants
 --    after every migration; a function for the application role is added to apply_application_grants.
+--    A function on a hot path (run for every enqueue, claim or checkpoint) also gets SET plan_cache_mode =
+--    force_generic_plan: its statements find rows by key, so one plan per session serves every call.
 -- 4. Time in the engine's SQL is the database's (never a client's clock), on one of two clocks (see "The
 --    clock" below). Durable time, clock_now(): when something may or must happen (available_at, wake-ups,
 --    deadlines, schedules' ticks, retention cutoffs) and the timeline recorded for executions (created_at,
