@@ -401,6 +401,11 @@ def get_status(id: str) -> Call[tuple[Any, ...] | None]:
     return Call("get_status", {"id": id}, lambda rows: rows[0] if rows else None)
 
 
+def await_status(id: str) -> Call[tuple[Any, ...] | None]:
+    """get_status, registering an unfinished execution as awaited (its completion then notifies)."""
+    return Call("await_status", {"id": id}, lambda rows: rows[0] if rows else None)
+
+
 def list_executions(*, status: str | None, name: str | None, queue: str | None,
                     limit: int) -> Call[list[Execution]]:
     return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},

@@ -401,6 +401,16 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 -- identical payloads within a transaction are folded into one. The channels are "<schema>_<kind>" (kinds:
 -- work, done, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
 
+-- Executions someone waits for the outcome of (a result wait outside workflows registers its execution
+-- before it sleeps): their completion alone sends a NOTIFY ("_done"), so finishing work nobody waits for
+-- does not serialise the workers' commits. The registration reads the execution FOR SHARE (query
+-- await_status), which orders it with a completion in flight: either the wait sees the finished status, or
+-- the completion, which deletes the row, sees the registration.
+CREATE TABLE awaited_executions (
+    execution_id text        PRIMARY KEY,
+    since        timestamptz NOT NULL DEFAULT now()
+);
+
 -- The name of the channel of a kind, for this schema (Python: channels.channel(schema, kind)).
 CREATE FUNCTION notify_channel(kind text) RETURNS text
 LANGUAGE plpgsql
@@ -481,7 +491,11 @@ BEGIN
     IF NEW.status = 'enqueued' THEN
         PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
-        PERFORM pg_notify(notify_channel('done'), NEW.id);
+        -- Only a finished execution someone waits for notifies its waiters (see awaited_executions).
+        DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id;
+        IF FOUND THEN
+            PERFORM pg_notify(notify_channel('done'), NEW.id);
+        END IF;
         IF OLD.status = 'running' AND (NEW.status = 'cancelled' OR NEW.error ->> 'type' = 'pgdurable.WorkflowTimeout') THEN
             PERFORM pg_notify(notify_channel('stop'), NEW.id);
         END IF;

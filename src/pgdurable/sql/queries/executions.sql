@@ -275,6 +275,19 @@ WHERE id = %(id)s;
 -- name: get_status
 SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 
+-- name: await_status
+-- The status of an execution about to be waited for; an unfinished one is registered as awaited, so that its
+-- completion notifies. FOR SHARE waits for a completion in flight (then the finished status is read, and
+-- nothing registered), or makes that completion wait for the registration (then it sees it).
+WITH found AS (
+    SELECT status, output, error FROM workflow_executions WHERE id = %(id)s FOR SHARE
+), registered AS (
+    INSERT INTO awaited_executions (execution_id)
+    SELECT %(id)s FROM found WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
+    ON CONFLICT DO NOTHING
+)
+SELECT status, output, error FROM found;
+
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,
        recoveries, max_recoveries, available_at, created_at, updated_at, started_at, completed_at,

@@ -1,5 +1,7 @@
-"""Doorbells: an enqueue notifies only when a worker sleeps on its queue (armed its bell), once per sleep, so
-that enqueuing inside application transactions does not serialise their commits on NOTIFY."""
+"""Wake-ups that cost only when someone sleeps. Doorbells: an enqueue notifies only when a worker sleeps on its
+queue (armed its bell), once per sleep. Result waiters: a finished execution notifies only if a wait registered
+it. Either way, transactions that nobody needs to hear from send no NOTIFY, whose commits PostgreSQL
+serialises."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from psycopg import sql
 
 import pgdurable
-from pgdurable import channels
+from pgdurable import channels, store
 from tests.conftest import ThreadWorker
 from tests.harness import WAIT, wait_for
 
@@ -143,3 +145,114 @@ def test_work_that_slipped_past_the_bell_is_found_by_the_idle_backoff(
             wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the worker to arm its bell")
         slow.commit()
     assert done.wait(WAIT)
+
+
+# ---- result waiters: a finished execution notifies only if someone waits for it ------------------------------
+
+@pytest.fixture
+def done_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(channels.listen(schema, "done"))
+
+        def received() -> list[str]:
+            conn.execute("SELECT 1")
+            return [notice.payload for notice in conn.notifies(timeout=0.2)]
+        yield received
+
+
+def finish(conn: psycopg.Connection[Any], execution_id: str) -> None:
+    conn.execute("UPDATE workflow_executions SET status = 'succeeded', output = '1' WHERE id = %s", (execution_id,))
+
+
+def test_only_an_awaited_execution_notifies_when_it_finishes(db: psycopg.Connection[Any],
+                                                             done_channel: Callable[[], list[str]]) -> None:
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'alone')")
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'awaited')")
+    assert db.execute(_query(store.await_status("awaited").name), {"id": "awaited"}).fetchone() == (
+        "enqueued", None, None)
+    assert db.execute("SELECT execution_id FROM awaited_executions").fetchall() == [("awaited",)]
+    finish(db, "alone")
+    assert done_channel() == []  # nobody waits: no NOTIFY, no serialised commit
+    finish(db, "awaited")
+    assert done_channel() == ["awaited"]
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+    # A finished execution is not registered: its waiter already has the outcome.
+    assert db.execute(_query("await_status"), {"id": "alone"}).fetchone() == ("succeeded", 1, None)
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+
+
+def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str, schema: str,
+                                                               db: psycopg.Connection[Any],
+                                                               done_channel: Callable[[], list[str]]) -> None:
+    """Either the wait sees the finished status or the completion sees the registration: never neither."""
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'first-completer')")
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'first-waiter')")
+    completer = psycopg.connect(database_url)
+    waiter = psycopg.connect(database_url)
+    try:
+        for conn in (completer, waiter):
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.commit()
+        # The completion is in flight: the registration waits for it, then reads the finished status.
+        finish(completer, "first-completer")
+        seen: list[Any] = []
+        looking = threading.Thread(target=lambda: seen.append(
+            waiter.execute(_query("await_status"), {"id": "first-completer"}).fetchone()))
+        looking.start()
+        looking.join(0.5)
+        assert looking.is_alive()  # blocked on the completion's row lock
+        completer.commit()
+        looking.join(WAIT)
+        waiter.commit()
+        assert seen == [("succeeded", 1, None)]
+        assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+        # The registration is in flight: the completion waits for it, then sees it and notifies.
+        assert waiter.execute(_query("await_status"), {"id": "first-waiter"}).fetchone()[0] == "enqueued"
+        finishing = threading.Thread(target=lambda: (finish(completer, "first-waiter"), completer.commit()))
+        finishing.start()
+        finishing.join(0.5)
+        assert finishing.is_alive()  # blocked on the registration's FOR SHARE
+        waiter.commit()
+        finishing.join(WAIT)
+        assert not finishing.is_alive()
+        assert "first-waiter" in done_channel()
+    finally:
+        completer.close()
+        waiter.close()
+
+
+def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdurable.App],
+                                                  start_worker: Callable[..., ThreadWorker],
+                                                  done_channel: Callable[[], list[str]]) -> None:
+    app = make_app()
+    release = threading.Event()
+
+    @app.workflow(name="slow")
+    def slow() -> str:
+        release.wait(WAIT)
+        return "done"
+
+    @app.workflow(name="quick")
+    def quick() -> str:
+        return "done"
+
+    start_worker(app, concurrency=4)
+    unawaited = app.enqueue(quick)
+    wait_for(lambda: getattr(app.get(unawaited.workflow_id), "status", None) == "succeeded", WAIT,
+             "the unawaited execution to finish")
+    handle = app.enqueue(slow)
+    waiting = threading.Thread(target=lambda: handle.result(timeout=WAIT))
+    waiting.start()
+    with psycopg.connect(app.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (1,), WAIT,
+                 "the wait to register")
+    release.set()
+    waiting.join(WAIT)
+    assert not waiting.is_alive()
+    assert done_channel() == [handle.workflow_id]  # the awaited one notified; the unawaited one did not
+
+
+def _query(name: str) -> str:
+    from pgdurable.sqlfiles import query
+    return query(name)
