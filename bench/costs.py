@@ -11,6 +11,10 @@ a noisy machine moves both (the medians over rounds are reported):
   contention    pgbench, C clients each running SELECT enqueue_workflow(...) in its own transaction, with
                 the engine's triggers and with them off (session_replication_role=replica: the same insert,
                 no wake-ups): what enqueueing inside application transactions costs them.
+  wake          at light load (one every 20 ms, open loop), SELECT enqueue_workflow(...) committed on a plain
+                connection (as any language would), then the result of that step-less workflow awaited
+                (app.handle(id).result()) from a worker process: p50 and p99 of the round trip. This is
+                what doorbells must not slow down.
 
 Usage: .venv/bin/python bench/costs.py [--rounds R] [--seconds T] [--clients 8,32,64] [--calls N] [--steps S]
        [--url URL] [--results FILE]
@@ -36,7 +40,7 @@ import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.throughput import IDLE_QUEUE, Results, build, drop_schema, ensure_database
+from bench.throughput import IDLE_QUEUE, JOBS_QUEUE, Results, WorkerProcess, build, drop_schema, ensure_database, pct
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/pgdurable_bench"
 
@@ -57,6 +61,29 @@ def write(directory: str, name: str, text: str) -> str:
     return path
 
 
+def light_load_round_trips(args: argparse.Namespace, app: Any, schema: str) -> list[float]:
+    """Milliseconds from committing SELECT enqueue_workflow(...) on a plain connection to having the result."""
+    worker = WorkerProcess(args.url, schema, JOBS_QUEUE, 16)
+    took: list[float] = []
+    try:
+        with psycopg.connect(args.url) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.commit()
+            for i in range(10 + args.wake_n):  # the first ten warm the worker up
+                started = time.perf_counter()
+                (workflow_id,), = conn.execute("SELECT enqueue_workflow('job', %s::jsonb, %s)",
+                                               (json.dumps({"i": i}), JOBS_QUEUE)).fetchall()
+                conn.commit()
+                app.handle(workflow_id).result(timeout=60)
+                if i >= 10:
+                    took.append((time.perf_counter() - started) * 1000)
+                worker.check()
+                time.sleep(max(0.0, 0.02 - (time.perf_counter() - started)))
+    finally:
+        worker.stop()
+    return sorted(took)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -64,6 +91,7 @@ def main() -> None:
     parser.add_argument("--clients", default="8,32,64")
     parser.add_argument("--calls", type=int, default=2000, help="app.enqueue calls per round")
     parser.add_argument("--steps", type=int, default=1000, help="steps of the checkpoint workflow per round")
+    parser.add_argument("--wake-n", type=int, default=200, help="light-load SQL enqueue -> result samples")
     parser.add_argument("--url", default=os.environ.get("PGDURABLE_BENCH_URL", DEFAULT_URL))
     parser.add_argument("--results")
     args = parser.parse_args()
@@ -109,6 +137,7 @@ def main() -> None:
                   f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"step {rows['step_ms'][-1] / floor_ms:.2f}x; contention " + ", ".join(
                       f"{c}: {contention[c][-1][0] / contention[c][-1][1]:.2f}" for c in clients), flush=True)
+        wake = light_load_round_trips(args, app, schema)
     finally:
         app.close()
         drop_schema(args.url, schema)
@@ -128,6 +157,7 @@ def main() -> None:
                                 "ratio": statistics.median(w / wo for w, wo in pairs)}
                        for c, pairs in contention.items()},
         "rounds": args.rounds,
+        "wake_p50_ms": pct(wake, 0.5), "wake_p99_ms": pct(wake, 0.99), "wake_n": len(wake),
     }
     print(f"\nmedians over {args.rounds} rounds (ratios are per round, to the pgbench one-row commit of that round):")
     print(f"  pgbench one-row INSERT commit, 1 client: {summary['floor_ms']:.3f} ms")
@@ -140,6 +170,8 @@ def main() -> None:
     for c, figures in summary["contention"].items():
         print(f"  enqueue in app transactions, {c:>2} clients: {figures['with_tps']:.0f} vs "
               f"{figures['without_tps']:.0f} tps without wake-ups = {figures['ratio']:.2f}x (target >= 0.95x)")
+    print(f"  SQL enqueue -> result, step-less workflow, 1 per 20 ms ({len(wake)}x): p50 "
+          f"{summary['wake_p50_ms']:.2f} ms, p99 {summary['wake_p99_ms']:.2f} ms (target p50 <= 5 ms)")
     results["costs"] = summary
     results.save()
     print(json.dumps(summary))
