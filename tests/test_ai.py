@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 import pgdurable
 from tests.apps import agents
