@@ -5,6 +5,7 @@ approval waits for a message."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from collections import Counter
@@ -14,8 +15,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
 
 import pgdurable
+from pgdurable.ai import DurableAgent
 from tests.apps import agents
 from tests.conftest import ThreadWorker
 from tests.harness import WAIT, execution, wait_for
@@ -68,6 +73,27 @@ def test_a_run_is_a_workflow_of_model_request_and_tool_call_steps(setup: Setup, 
     assert setup.labels() == {"probe.model1": 1, "probe.write_row": 1, "probe.model2": 1, "probe.pause": 1,
                               "probe.model3": 1}
     assert [note for note, _ in setup.rows()] == ["probe"]
+
+
+def test_structured_output_and_sync_tools_with_pydantic_ais_test_model(
+        setup: Setup, start_worker: Callable[..., ThreadWorker]) -> None:
+    class Verdict(BaseModel):
+        refund: bool
+        cents: int
+
+    agent = Agent(TestModel(), name="judge", output_type=Verdict)
+
+    @agent.tool_plain
+    def price(order_id: int) -> int:  # a sync tool: Pydantic AI runs it on a thread, inside its step
+        return 1000 + order_id
+
+    durable = DurableAgent(setup.app, agent)
+    start_worker(setup.app)
+    assert setup.app.enqueue(durable.workflow, "judge", workflow_id="judge-1").result(timeout=WAIT) == {
+        "refund": False, "cents": 0}
+    # The output tool is no step: the output comes from the recorded response, the same on every replay.
+    assert setup.step_names("judge-1") == ["judge.model_request", "judge.tool.price", "judge.model_request"]
+    assert json.loads(setup.app.steps("judge-1")[1].output or "null") == {"value": 1000}
 
 
 def test_approval_waits_for_a_message_then_runs_or_skips_the_tool(setup: Setup, local: Any) -> None:

@@ -10,7 +10,6 @@ from pydantic_ai.models import Model, infer_model
 from pydantic_ai.run import AgentRunResult
 
 from ..errors import ConfigurationError
-from ..primitives import Suspended
 from . import records
 from .model import DurableModel
 from .tools import DurableTools, ToolStep, run_tool, run_tool_in_transaction
@@ -69,14 +68,9 @@ class DurableAgent(Generic[DepsT, OutputT]):
         that their steps are recorded in the order a replay makes them."""
         capabilities = [*options.pop("capabilities", ()), self.tools]
         with Agent.parallel_tool_call_execution_mode("sequential"):
-            try:
-                return await self.agent.run(prompt, model=self.model, capabilities=capabilities, **options)
-            except BaseExceptionGroup as group:
-                # A wait (recv) unwinds the workflow with Suspended; a task group may have wrapped it.
-                suspended = group.subgroup(Suspended)
-                if suspended is not None:
-                    raise _first(suspended) from None
-                raise
+            # A wait for approval unwinds the run with the engine's Suspended (a BaseException, which Pydantic
+            # AI lets through): the workflow resumes, replaying the run, once the answer arrives.
+            return await self.agent.run(prompt, model=self.model, capabilities=capabilities, **options)
 
     def _step_for(self, tool_name: str) -> ToolStep:
         step = self._tool_steps.get(tool_name)
@@ -89,7 +83,3 @@ class DurableAgent(Generic[DepsT, OutputT]):
             self._tool_steps[tool_name] = step
         return step
 
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    inner = group.exceptions[0]
-    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
