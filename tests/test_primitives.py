@@ -122,7 +122,7 @@ def test_an_execution_locked_by_a_send_while_the_worker_claims_is_still_claimed_
         return pgdurable.recv("orders")
 
     claims: list[int] = []
-    real = store.claim
+    real = store.claims.claim
 
     def counted(**params: Any) -> Any:
         call = real(**params)

@@ -45,8 +45,8 @@ class WorkflowHandle(Generic[R]):
     def status(self) -> str:
         return self.get().status
 
-    def get(self) -> store.Execution:
-        execution = self.runtime.db.run(store.get_execution(self.workflow_id))
+    def get(self) -> store.executions.Execution:
+        execution = self.runtime.db.run(store.executions.get_execution(self.workflow_id))
         if execution is None:
             raise WorkflowNotFound(self.workflow_id)
         return execution
@@ -63,15 +63,15 @@ class WorkflowHandle(Generic[R]):
         return self._decode(wait_sync(self.runtime.db, self.runtime.completions, self._finished(timeout)))
 
     def cancel(self) -> bool:
-        return self.runtime.db.run(store.cancel(self.workflow_id))
+        return self.runtime.db.run(store.executions.cancel(self.workflow_id))
 
     # -- async --------------------------------------------------------------------------------------------
 
     async def status_async(self) -> str:
         return (await self.get_async()).status
 
-    async def get_async(self) -> store.Execution:
-        execution = await self.runtime.db.arun(store.get_execution(self.workflow_id))
+    async def get_async(self) -> store.executions.Execution:
+        execution = await self.runtime.db.arun(store.executions.get_execution(self.workflow_id))
         if execution is None:
             raise WorkflowNotFound(self.workflow_id)
         return execution
@@ -83,7 +83,7 @@ class WorkflowHandle(Generic[R]):
         return self._decode(await wait_async(self.runtime.db, self.runtime.completions, self._finished(timeout)))
 
     async def cancel_async(self) -> bool:
-        return await self.runtime.db.arun(store.cancel(self.workflow_id))
+        return await self.runtime.db.arun(store.executions.cancel(self.workflow_id))
 
     # -- shared -------------------------------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ class WorkflowHandle(Generic[R]):
         """Why the wait timed out, saying so when no live worker could have run it (a queue nobody serves)."""
         message = f"workflow {self.workflow_id} did not finish within {timeout:g} s"
         try:
-            found: store.Unserved | None = yield store.unserved(self.workflow_id)
+            found: store.executions.Unserved | None = yield store.executions.unserved(self.workflow_id)
         except psycopg.Error:
             found = None
         if found is None or found.status != "enqueued" or (found.served and found.known):
@@ -123,7 +123,7 @@ class WorkflowHandle(Generic[R]):
         delay = _RETRY_FIRST_SECONDS
         while True:
             try:
-                row: tuple[Any, ...] | None = yield store.get_status(self.workflow_id)
+                row: tuple[Any, ...] | None = yield store.executions.get_status(self.workflow_id)
                 return row
             except psycopg.OperationalError as exc:
                 if deadline is not None and time.monotonic() + delay > deadline:
@@ -135,7 +135,7 @@ class WorkflowHandle(Generic[R]):
     def _is_final(self, outcome: tuple[Any, ...] | None) -> bool:
         if outcome is None:
             raise WorkflowNotFound(self.workflow_id)
-        return outcome[0] in store.TERMINAL
+        return outcome[0] in store.executions.TERMINAL
 
     def _wait_time(self, deadline: float | None) -> float:
         if deadline is None:

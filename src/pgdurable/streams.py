@@ -40,10 +40,10 @@ class _Cursor:
         self.runtime, self.execution_id, self.key = runtime, execution_id, key
         self.after = -1
 
-    def call(self) -> store.Call[store.StreamRead]:
-        return store.read_stream(id=self.execution_id, key=self.key, after=self.after, limit=_BATCH)
+    def call(self) -> store.Call[store.messaging.StreamRead]:
+        return store.messaging.read_stream(id=self.execution_id, key=self.key, after=self.after, limit=_BATCH)
 
-    def take(self, read: store.StreamRead) -> tuple[list[Any], bool, bool]:
+    def take(self, read: store.messaging.StreamRead) -> tuple[list[Any], bool, bool]:
         """(the new values decoded, whether the stream is over, whether to look again at once)."""
         if not read.exists:
             raise WorkflowNotFound(self.execution_id)
