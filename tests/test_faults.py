@@ -108,7 +108,7 @@ def test_a_failure_to_load_checkpoints_does_not_stop_the_claim_loop(
             raise psycopg.OperationalError("connection lost (injected)")
         return dataclasses.replace(call, read=lost)
 
-    monkeypatch.setattr(store, "load_steps", flaky)
+    monkeypatch.setattr(store.checkpoints, "load_steps", flaky)
     start_worker(app)
     assert handle.result(timeout=WAIT) == 7
     assert failed.is_set()
