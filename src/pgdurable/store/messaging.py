@@ -1,5 +1,5 @@
-"""What workflows exchange and publish, each recorded as a step: messages, events, tags and streams
-(sql/queries/waits.sql, set_tags in executions.sql)."""
+"""What workflows exchange and publish: messages, events, tags and streams (their writes recorded as steps),
+and reading them back (sql/queries/waits.sql; set_tags in executions.sql)."""
 
 from __future__ import annotations
 
