@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from . import citus
 from .errors import ConfigurationError
 from .sqlfiles import migrations
 
@@ -57,6 +58,7 @@ def migrate(conninfo: str, schema: str, *, target: int | None = None) -> list[in
         with conn.transaction():
             # Whoever holds the lock migrates; the others wait, then find nothing left to do.
             conn.execute(_LOCK_SQL, (schema,))
+            citus.prepare_migration(conn)
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
             # Functions created with SET search_path FROM CURRENT pin this: our schema, then pg_temp last.
             conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_temp").format(sql.Identifier(schema)))
