@@ -1,5 +1,5 @@
-"""pgdurable on a Citus coordinator (docs/scale-out.md). Needs a Citus cluster: PGDURABLE_CITUS_URL, else the one
-../shared/citus/cluster.sh starts (coordinator on 127.0.0.1:9700); without one these tests skip, saying why.
+"""pgdurable on a Citus coordinator (docs/scale-out.md). Needs a Citus cluster (tests/citus_cluster.py); without
+one these tests skip, saying why.
 
 Today a Citus database holds pgdurable's tables on its coordinator, undistributed: the migrations must apply
 there (Citus propagates new functions to its worker nodes unless told to defer, and then refuses a migration's
@@ -7,7 +7,6 @@ ALTER FUNCTION ... SET search_path FROM CURRENT) and everything must work as on 
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,24 +18,11 @@ from psycopg import sql
 import pgdurable
 from pgdurable import citus
 from pgdurable.migrations import latest_version
+from tests import citus_cluster
 from tests.conftest import FAST
 from tests.harness import WAIT
 
-CITUS_URL = os.environ.get("PGDURABLE_CITUS_URL", "postgresql://postgres@127.0.0.1:9700/postgres")
-
-
-@pytest.fixture(scope="module")
-def citus_url() -> str:
-    try:
-        with psycopg.connect(CITUS_URL, connect_timeout=5) as conn:
-            if not citus.installed(conn):
-                pytest.skip(f"{CITUS_URL} has no citus extension: not a Citus coordinator")
-            nodes = conn.execute("SELECT count(*) FROM pg_dist_node WHERE noderole = 'primary'").fetchone()
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no Citus cluster at {CITUS_URL} (start one with ../shared/citus/cluster.sh start, or set "
-                    f"PGDURABLE_CITUS_URL): {str(exc).strip().splitlines()[0]}")
-    assert nodes and nodes[0] >= 2, "the cluster should have worker nodes"
-    return CITUS_URL
+citus_url = citus_cluster.citus_url
 
 
 @pytest.fixture
