@@ -21,9 +21,9 @@ from psycopg import sql
 
 pytest.importorskip("django", reason="the django extra is not installed (pip install -e '.[test]')")
 
-from pgdurable.contrib.django import database_settings  # noqa: E402
-from tests.conftest import CHILD_PYTHONPATH, REPO  # noqa: E402
-from tests.harness import WAIT, wait_for  # noqa: E402
+from pgdurable.contrib.django import database_settings
+from tests.conftest import CHILD_PYTHONPATH, REPO
+from tests.harness import WAIT, wait_for
 
 PROJECT = REPO / "examples" / "django_shop"
 

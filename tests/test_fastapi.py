@@ -19,11 +19,11 @@ import pytest
 from psycopg import sql
 
 pytest.importorskip("fastapi", reason="the fastapi extra is not installed (pip install -e '.[test]')")
-from fastapi import Depends  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi import Depends
+from fastapi.testclient import TestClient
 
-from pgdurable.contrib.fastapi import Connection, idempotency_key  # noqa: E402
-from tests.harness import WAIT, wait_for  # noqa: E402
+from pgdurable.contrib.fastapi import Connection, idempotency_key
+from tests.harness import WAIT, wait_for
 
 TARGET = "examples.fastapi_orders.workflows:app"
 OrderId = Annotated[str, Depends(idempotency_key("orders"))]

@@ -238,7 +238,7 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
         raise ConfigurationError(f"transactional step {name!r}: this kind of step must be a plain `def`")
     if not parameters and own_scope is None:
         raise ConfigurationError(f"transactional step {name!r} must take the connection as its first parameter")
-    first_hint = signature.param_hints[parameters[0]] if own_scope is None else None
+    first_hint: Any = signature.param_hints[parameters[0]] if own_scope is None else None
     kind = session_kind(first_hint)
     if kind is not None and (kind == "async") != is_async:
         raise ConfigurationError(f"transactional step {name!r}: use Session with `def` and AsyncSession with "
