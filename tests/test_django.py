@@ -113,6 +113,8 @@ def test_a_killed_worker_is_finished_by_another_and_each_orm_write_happens_once(
     assert shop.rows("SELECT attempt FROM {e}.workflow_executions WHERE id = %s", (workflow_id,)) == [(2,)]
     assert shop.rows("SELECT step_name, recorded_by_attempt FROM {e}.operation_outputs WHERE execution_id = %s "
                      "ORDER BY step_id", (workflow_id,)) == [("reserve", 1), ("pack", 2), ("ship", 2)]
+    print(f"crash and resume: {workflow_id} reserved by manage.py pgdurable_worker {first.pid} (then SIGKILLed "
+          f"while packing), shipped by {second.pid} on attempt 2; effects {effects()}, stock 5 -> 3")
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=WAIT) == 0
 

@@ -21,8 +21,9 @@ from psycopg import sql
 pytest.importorskip("fastapi", reason="the fastapi extra is not installed (pip install -e '.[test]')")
 from fastapi import Depends
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
-from pgdurable.contrib.fastapi import Connection, idempotency_key
+from pgdurable.contrib.fastapi import Connection, Session, idempotency_key
 from tests.harness import WAIT, wait_for
 
 TARGET = "examples.fastapi_orders.workflows:app"
@@ -109,6 +110,8 @@ def test_a_retried_post_starts_one_workflow_and_a_killed_worker_is_finished_by_a
 
         assert orders.executions(order_id) == [("succeeded", 2)]
         assert orders.effects(order_id) == [("reserved", first.pid), ("shipped", second.pid)]  # each once
+        print(f"crash and resume: {order_id} reserved by worker {first.pid} (then SIGKILLed while packing), "
+              f"shipped by worker {second.pid} on attempt 2; effects {orders.effects(order_id)}")
         order = client.get(f"/orders/{order_id}").json()
         assert order["status"] == "shipped" and order["workflow"] == "succeeded"
         assert order["tracking"] == f"TRACK-parcel-{key}"
@@ -176,3 +179,24 @@ def test_the_lifespan_runs_a_worker_in_the_server_process(orders: Orders) -> Non
         assert [json.loads(e["data"]) for e in events[:-1]][:2] == ["reserved", "packed"]
         wait_for(lambda: client.get(f"/orders/orders:{key}").json()["workflow"] == "succeeded", WAIT,
                  "the in-process worker to finish the order")
+
+
+def test_a_sqlalchemy_session_holds_the_requests_writes_and_its_enqueue(orders: Orders) -> None:
+    api = orders.api_module.create_api(worker=False)
+
+    @api.post("/orders-by-session", status_code=201)
+    async def place_by_session(session: Session, order_id: OrderId, fail: bool = False) -> str:
+        await session.execute(text(f'INSERT INTO "{orders.orders_schema}".orders (id, item, quantity) '
+                                   "VALUES (:id, 'book', 1)"), {"id": order_id})
+        await orders.app.enqueue_async(orders.workflows.fulfil, order_id, workflow_id=order_id, conn=session)
+        if fail:
+            raise RuntimeError("the request fails after its enqueue")
+        return order_id
+
+    with TestClient(api, raise_server_exceptions=False) as client:
+        failed, placed = uuid.uuid4().hex, uuid.uuid4().hex
+        assert client.post("/orders-by-session?fail=true", headers={"Idempotency-Key": failed}).status_code == 500
+        assert client.post("/orders-by-session", headers={"Idempotency-Key": placed}).status_code == 201
+    assert orders.rows("SELECT id FROM {s}.orders") == [(f"orders:{placed}",)]
+    assert orders.executions(f"orders:{placed}") == [("enqueued", 0)]
+    assert orders.executions(f"orders:{failed}") == []

@@ -5,7 +5,8 @@
   ``pgdurable worker``).
 - ``Connection``: a request's psycopg ``AsyncConnection`` in an open transaction, committed after the endpoint
   returns and before the response is sent (rolled back if it raises). Enqueue with ``conn=`` on it, and the
-  request's writes and its workflow commit together.
+  request's writes and its workflow commit together. ``Session``: the same as a SQLAlchemy ``AsyncSession``
+  (with the ``sqlalchemy`` extra).
 - ``idempotency_key(namespace)``: the ``Idempotency-Key`` header as a workflow id in that namespace, so a
   retried POST finds the execution the first one started instead of starting another.
 - ``event_stream(app, workflow_id, key)``: a workflow's stream (``read_stream_async``) as server-sent events.
@@ -24,8 +25,9 @@ from fastapi.responses import StreamingResponse
 
 from .. import limits
 from ..app import App
+from ..orm import async_session_transaction, dispose_async_engine
 
-__all__ = ["Connection", "event_stream", "idempotency_key", "lifespan"]
+__all__ = ["Connection", "Session", "event_stream", "idempotency_key", "lifespan"]
 
 # Keys are visible ASCII (RFC 9110 token-ish), as clients generate them (UUIDs, hashes); a structured-field
 # string's quotes ("...") are accepted and removed.
@@ -53,6 +55,7 @@ def lifespan(app: App, *, worker: bool = False, queues: list[str] | None = None,
             if runner is not None and task is not None:
                 runner.stop()
                 await task
+            await dispose_async_engine(app.db)
             await app.db.aclose_loop_pool()
 
     return run
@@ -75,6 +78,23 @@ async def _connection(request: Request) -> AsyncIterator[psycopg.AsyncConnection
 # scope="function": the transaction ends when the endpoint returns, before the response is sent, so a
 # success response means the request's writes (and what it enqueued) are committed.
 Connection = Annotated[psycopg.AsyncConnection[Any], Depends(_connection, scope="function")]
+
+
+async def _session(request: Request) -> AsyncIterator[Any]:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    async with async_session_transaction(_app_of(request).db, AsyncSession) as (session, _):
+        yield session
+
+
+try:
+    from sqlalchemy.ext.asyncio import AsyncSession
+except ImportError:  # without the sqlalchemy extra there is no Session dependency
+    pass
+else:
+    # A SQLAlchemy AsyncSession (postgresql+psycopg) in the request's transaction, ended as Connection's is:
+    # what it flushes, and what is enqueued with conn=session, commits before the response is sent.
+    Session = Annotated[AsyncSession, Depends(_session, scope="function")]
 
 
 def idempotency_key(namespace: str, *, required: bool = True) -> Callable[..., str | None]:
