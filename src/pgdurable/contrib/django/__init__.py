@@ -16,9 +16,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.conninfo import conninfo_to_dict
+
+if TYPE_CHECKING:
+    from .durable import DjangoApp, database_url
 
 __all__ = ["DjangoApp", "database_settings", "database_url"]
 
