@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ from ..app import App
 from ..orm import async_session_transaction, dispose_async_engine
 
 __all__ = ["Connection", "Session", "event_stream", "idempotency_key", "lifespan"]
+log = logging.getLogger("pgdurable")
 
 # Keys are visible ASCII (RFC 9110 token-ish), as clients generate them (UUIDs, hashes); a structured-field
 # string's quotes ("...") are accepted and removed.
@@ -49,6 +51,8 @@ def lifespan(app: App, *, worker: bool = False, queues: list[str] | None = None,
         await app.db.app_async_pool()
         runner = app.worker(queues=queues, concurrency=concurrency) if worker else None
         task = asyncio.create_task(runner.run(), name="pgdurable-worker") if runner is not None else None
+        if task is not None:
+            task.add_done_callback(_report_stop)
         try:
             yield
         finally:
@@ -59,6 +63,12 @@ def lifespan(app: App, *, worker: bool = False, queues: list[str] | None = None,
             await app.db.aclose_loop_pool()
 
     return run
+
+
+def _report_stop(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("pgdurable: the in-process worker stopped: %s: %s", type(error).__name__, error,
+                  exc_info=error)
 
 
 def _app_of(request: Request) -> App:

@@ -16,6 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 from pgdurable.app import App
 from pgdurable.cli._common import setup_logging
 from pgdurable.contrib.django.durable import setting
+from pgdurable.errors import ConfigurationError
+from pgdurable.startup import wait_for_database
 
 
 class Command(BaseCommand):
@@ -27,9 +29,11 @@ class Command(BaseCommand):
         parser.add_argument("--queue", "-q", action="append", dest="queues",
                             help="Queue to serve (repeatable); default: every queue the App declares.")
         parser.add_argument("--concurrency", "-c", type=int, default=16, help="Executions run at once.")
+        parser.add_argument("--wait-for-db", type=float, default=300.0, dest="wait_for_db",
+                            help="Seconds to keep retrying while the database does not answer at start.")
 
     def handle(self, *args: Any, target: str | None = None, queues: list[str] | None = None,
-               concurrency: int = 16, **options: Any) -> None:
+               concurrency: int = 16, wait_for_db: float = 300.0, **options: Any) -> None:
         target = target or setting("APP")
         if not target:
             raise CommandError('name the App to serve: manage.py pgdurable_worker MODULE:APP, or set '
@@ -41,6 +45,10 @@ class Command(BaseCommand):
         app = getattr(importlib.import_module(module_name), attribute, None)
         if not isinstance(app, App):
             raise CommandError(f"{target} is not a pgdurable App")
+        try:
+            wait_for_database(app.db, wait_for_db)
+        except ConfigurationError as exc:
+            raise CommandError(f"pgdurable_worker: {exc}") from None
         runner = app.worker(queues=queues, concurrency=concurrency)
         asyncio.run(runner.run(handle_signals=True))
         if runner.busy_threads:  # released sync workflows may still sit in a step: their work is back on the queue
