@@ -126,6 +126,18 @@ def test_database_settings_from_a_url() -> None:
         "HOST": "db.example", "PORT": "6543", "OPTIONS": {"sslmode": "require", "options": "-c search_path=shop"}}
 
 
+def test_an_async_atomic_step_is_refused_when_declared(tmp_path: Path) -> None:
+    script = ("import django; from django.conf import settings; "
+              "settings.configure(DATABASES={'default': {'ENGINE': 'django.db.backends.postgresql', 'NAME': 'x'}}, "
+              "INSTALLED_APPS=['pgdurable.contrib.django']); django.setup(); "
+              "from pgdurable.contrib.django import DjangoApp; app = DjangoApp()\n"
+              "@app.atomic()\nasync def step() -> None: ...")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH},
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "ConfigurationError: @app.atomic() step 'step' must be a plain `def`" in done.stderr
+
+
 def test_a_database_that_is_not_postgresql_is_refused(tmp_path: Path) -> None:
     script = ("import django; from django.conf import settings; "
               "settings.configure(DATABASES={'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}, "

@@ -235,7 +235,8 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
     parameters = list(signature.param_hints)
     is_async = inspect.iscoroutinefunction(fn)
     if own_scope is not None and is_async:
-        raise ConfigurationError(f"transactional step {name!r}: this kind of step must be a plain `def`")
+        raise ConfigurationError(f"transactional step {name!r} runs in its integration's own transaction, "
+                                 "which is synchronous: declare it with `def`")
     if not parameters and own_scope is None:
         raise ConfigurationError(f"transactional step {name!r} must take the connection as its first parameter")
     first_hint: Any = signature.param_hints[parameters[0]] if own_scope is None else None

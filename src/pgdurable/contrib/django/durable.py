@@ -4,6 +4,7 @@ Django's own connection and transaction."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,6 +72,9 @@ class DjangoApp(App):
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or default_name(fn)
+            if inspect.iscoroutinefunction(fn):
+                raise ConfigurationError(f"@app.atomic() step {step_name!r} must be a plain `def`: Django's ORM is "
+                                         "synchronous (call it from sync workflows)")
             self.registry.steps.add(step_name)
             return make_transaction_step(self.runtime, fn, step_name, policy, isolation, seconds,
                                          own_scope=self._atomic)
