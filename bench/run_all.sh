@@ -48,11 +48,13 @@ if [ "$small" = 1 ]; then
                    --single-enqueues 100 --roundtrips 5)
   scale_args=(-n 500 --workers 1,2 --concurrencies 10,1000 --history 10000 --claim-jobs 1000 --explains 5)
   memory_args=(-n 10000 --chunk 2000 --every 2000)
+  costs_args=(--rounds 1 --seconds 1 --calls 200 --steps 100 --clients 8)
 else
   seconds=${PGBENCH_SECONDS:-10}
   throughput_args=(--jobs $((N * 10)))
   scale_args=()
   memory_args=()
+  costs_args=()
 fi
 
 step() {  # step NAME COMMAND...: run, tee the output to $out/NAME.txt, note a failure and go on
@@ -68,8 +70,14 @@ step() {  # step NAME COMMAND...: run, tee the output to $out/NAME.txt, note a f
 # 1. The anchors, first, in this invocation.
 anchor_file=()
 if [ "$anchors" = 1 ] && [ -d "$venv" ]; then
-  export ANCHOR_PG=${ANCHOR_PG:-$PG_BASE} ANCHOR_VENV=$venv
-  step anchors "$repo/../shared/anchors/run.sh" "$N"
+  export ANCHOR_PG=${ANCHOR_PG:-$PG_BASE}
+  # run.sh passes its environment to run_peers.sh (Absurd, procrastinate), which keeps a venv of its own: so
+  # ANCHOR_VENV goes to run.sh alone, and only when it differs from run.sh's default.
+  if [ "$venv" = /tmp/anchor-venv ]; then
+    step anchors "$repo/../shared/anchors/run.sh" "$N"
+  else
+    step anchors env ANCHOR_VENV="$venv" "$repo/../shared/anchors/run.sh" "$N"
+  fi
   anchor_file=(--anchors "$out/anchors.txt")
 elif [ "$anchors" = 1 ]; then
   echo "== anchors: skipped ($venv does not exist; run ../shared/anchors/run.sh once to create it)"
@@ -99,6 +107,7 @@ cd "$repo"
 step throughput "$py" bench/throughput.py "$N" -c 64 --parts ABCEFL "${throughput_args[@]}" --results "$results"
 step jobs "$py" bench/throughput.py "$N" -c 256 --kind async --parts D "${throughput_args[@]}" --results "$results"
 step throughput-threads "$py" bench/throughput.py "$N" -c 64 --parts A --enqueue-threads 4 --results "$results"
+step costs "$py" bench/costs.py "${costs_args[@]}" --results "$results"
 step scale "$py" bench/scale.py "${scale_args[@]}" --results "$results"
 step memory "$py" bench/memory.py "${memory_args[@]}" --results "$results"
 

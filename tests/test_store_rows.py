@@ -19,7 +19,7 @@ def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
         (store.enqueue(id="rows-1", name="w", queue="default", priority=0, input="{}", max_recoveries=5,
                        delay=0.0), store.Enqueued),
         (store.fork(source="nobody", id="rows-fork", from_step=0), store.Forked),
-        (store.find_duplicate(queue="default", dedup_key="k"), store.Enqueued),
+        (store.find_enqueued(id="x", queue="default", dedup_key="k"), store.Enqueued),
         (store.claim(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"), store.Claimed),
         (store.claim_with_policy(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"),
          store.Claimed),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
@@ -20,6 +20,8 @@ from .primitives import gather, gather_async
 if TYPE_CHECKING:
     from .runtime import Runtime
 
+# An execution's (status, output, error), or None when there is no such execution.
+Status = tuple[Any, ...] | None
 log = logging.getLogger("pgdurable")
 R = TypeVar("R")
 
@@ -95,7 +97,10 @@ class WorkflowHandle(Generic[R]):
         outcome = yield from self._status(deadline)
         if not self._is_final(outcome):
             yield Listen(self.workflow_id)
-            while not self._is_final(outcome := (yield from self._status(deadline))):
+            # The second look registers the execution as awaited: only then does its completion notify.
+            look = store.await_status
+            while not self._is_final(outcome := (yield from self._status(deadline, look))):
+                look = store.get_status
                 if deadline is not None and deadline - time.monotonic() <= 0:
                     raise ResultTimeout((yield from self._timeout_message(timeout)))
                 yield Nap(self._wait_time(deadline))
@@ -117,13 +122,14 @@ class WorkflowHandle(Generic[R]):
         return (f"{message}: it is enqueued, and no live worker on queue {found.queue!r} knows workflow "
                 f"{found.name!r}; it runs when one does")
 
-    def _status(self, deadline: float | None) -> Generator[Any, Any, tuple[Any, ...] | None]:
+    def _status(self, deadline: float | None, look: Callable[[str], store.Call[Status]] = store.get_status,
+                ) -> Generator[Any, Any, Status]:
         """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
         workflow's outcome: the pool replaces the connection, and the wait goes on until the deadline."""
         delay = _RETRY_FIRST_SECONDS
         while True:
             try:
-                row: tuple[Any, ...] | None = yield store.get_status(self.workflow_id)
+                row: Status = yield look(self.workflow_id)
                 return row
             except psycopg.OperationalError as exc:
                 if deadline is not None and time.monotonic() + delay > deadline:

@@ -40,6 +40,14 @@ async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     store.remember_schema(conn, schema)
 
 
+# A worker's own connections run only the engine's hot statements (claims, checkpoints, completions,
+# heartbeats, maintenance), which find rows by key: the plan of each is the same whatever its parameters, so
+# it is made once per connection (psycopg prepares a statement at its fifth run). By default PostgreSQL
+# would re-plan many of them at every run, and planning cost more server time than executing. (Not for the
+# application's pools: listing queries with optional filters need plans made for their actual values.)
+GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+
+
 class Database:
     """The one place that opens connections. Migrates the schema on first use unless told not to."""
 
@@ -156,6 +164,20 @@ class Database:
                 kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
             await pool.open()
             pool = await _keep_first(self._async_pools, loop, pool)
+        return pool
+
+    async def worker_pool(self, size: int) -> AsyncConnectionPool[Any]:
+        """A private async pool for a worker's own statements (GENERIC_PLANS). The caller closes it."""
+        await asyncio.to_thread(self.ensure_schema)
+        schema = self.schema
+
+        async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await aconfigure(conn, schema)
+            await conn.execute(GENERIC_PLANS)
+
+        pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=size, open=False,
+                                   kwargs={"autocommit": True}, configure=_configure, name="pgdurable-worker")
+        await pool.open()
         return pool
 
     async def app_async_pool(self) -> AsyncConnectionPool[Any]:

@@ -18,6 +18,7 @@ from . import limits, plans, primitives, store
 from .client import WorkflowHandle
 from .connections import async_driver_connection, sync_driver_connection
 from .context import ExecutionContext, current
+from .db import CallPlan
 from .errors import DuplicateWorkflow, SerializationError, WorkflowIdConflict, WorkflowNotFound
 from .runtime import Runtime
 from .serialization import storage_problem, utf8_size
@@ -86,17 +87,20 @@ class Request:
         """On the caller's connection, in its transaction, through the SQL function."""
         return store.enqueue_in_transaction(self.call, self.runtime.schema)
 
+    def plan(self) -> CallPlan[store.Enqueued | None]:
+        """The insert; if it created nothing, what holds the id or the dedup key instead."""
+        enqueued = yield self.call
+        if enqueued is None:
+            params = self.call.params
+            enqueued = yield store.find_enqueued(id=params["id"], queue=params["queue"],
+                                                 dedup_key=params["dedup_key"])
+        return enqueued  # type: ignore[no-any-return]
+
     def handle(self, enqueued: store.Enqueued | None) -> WorkflowHandle[Any]:
         runtime, call = self.runtime, self.call
         workflow_id, name, dedup_key = call.params["id"], call.params["name"], call.params["dedup_key"]
-        if enqueued is None:  # lost a race with a concurrent enqueue of the same id or dedup key
-            existing = runtime.db.run(store.get_execution(workflow_id))
-            if existing is not None:
-                enqueued = store.Enqueued(existing.id, existing.name, False)
-            elif dedup_key is not None:
-                enqueued = runtime.db.run(store.find_duplicate(queue=call.params["queue"], dedup_key=dedup_key))
-            if enqueued is None:
-                raise RuntimeError(f"enqueue of {workflow_id} neither created nor found the execution")
+        if enqueued is None:  # what held the id or key finished and was deleted in between: never silently
+            raise RuntimeError(f"enqueue of {workflow_id} neither created nor found the execution")
         if self.debounce is not None:  # the burst's pending execution, created or updated
             return WorkflowHandle(runtime, enqueued.id, self.hint)
         if enqueued.id != workflow_id:  # an unfinished execution holds the dedup key
@@ -138,7 +142,7 @@ def enqueue(request: Request, conn: Any = None) -> WorkflowHandle[Any]:
     if ctx is not None and conn is None:
         return WorkflowHandle(request.runtime, plans.drive_sync(ctx, request.child_plan(ctx)), request.hint)
     if conn is None:
-        return request.handle(request.runtime.db.run(request.call))
+        return request.handle(request.runtime.db.run_plan(request.plan()))
     driver = sync_driver_connection(conn)
     # Migrate (once) on our own connection first: the caller's is in a transaction, which a failed statement
     # would abort, and which must not hold the migration's locks until it ends.
@@ -153,7 +157,7 @@ async def enqueue_async(request: Request, conn: Any = None) -> WorkflowHandle[An
     if ctx is not None and conn is None:
         return WorkflowHandle(request.runtime, await plans.drive_async(ctx, request.child_plan(ctx)), request.hint)
     if conn is None:
-        return request.handle(await request.runtime.db.arun(request.call))
+        return request.handle(await request.runtime.db.arun_plan(request.plan()))
     driver = await async_driver_connection(conn)
     await asyncio.to_thread(request.runtime.db.ensure_schema)  # as in enqueue
     with id_conflicts():

@@ -272,8 +272,8 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
                 _first, row_factory=class_row(Enqueued))
 
 
-def find_duplicate(*, queue: str, dedup_key: str) -> Call[Enqueued | None]:
-    return Call("find_duplicate", {"queue": queue, "dedup_key": dedup_key}, _first,
+def find_enqueued(*, id: str, queue: str, dedup_key: str | None) -> Call[Enqueued | None]:
+    return Call("find_enqueued", {"id": id, "queue": queue, "dedup_key": dedup_key}, _first,
                 row_factory=class_row(Enqueued))
 
 
@@ -401,6 +401,11 @@ def get_status(id: str) -> Call[tuple[Any, ...] | None]:
     return Call("get_status", {"id": id}, lambda rows: rows[0] if rows else None)
 
 
+def await_status(id: str) -> Call[tuple[Any, ...] | None]:
+    """get_status, registering an unfinished execution as awaited (its completion then notifies)."""
+    return Call("await_status", {"id": id}, lambda rows: rows[0] if rows else None)
+
+
 def list_executions(*, status: str | None, name: str | None, queue: str | None,
                     limit: int) -> Call[list[Execution]]:
     return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},
@@ -466,6 +471,10 @@ def deregister_worker(id: str) -> Call[None]:
 
 def prune_workers() -> Call[None]:
     return Call("prune_workers", {}, _nothing)
+
+
+def arm_doorbell(*, id: str, queue: str) -> Call[None]:
+    return Call("arm_doorbell", {"id": id, "queue": queue}, _nothing)
 
 
 def list_workers() -> Call[list[tuple[Any, ...]]]:

@@ -24,6 +24,8 @@
 -- 3. Every function, trigger functions included, gets SET search_path FROM CURRENT and, unless everybody
 --    may call it, REVOKE ALL ... FROM PUBLIC. The migration runner re-applies the recorded roles' grants
 --    after every migration; a function for the application role is added to apply_application_grants.
+--    A function on a hot path (run for every enqueue, claim or checkpoint) also gets SET plan_cache_mode =
+--    force_generic_plan: its statements find rows by key, so one plan per session serves every call.
 -- 4. Time in the engine's SQL is the database's (never a client's clock), on one of two clocks (see "The
 --    clock" below). Durable time, clock_now(): when something may or must happen (available_at, wake-ups,
 --    deadlines, schedules' ticks, retention cutoffs) and the timeline recorded for executions (created_at,
@@ -399,6 +401,16 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 -- identical payloads within a transaction are folded into one. The channels are "<schema>_<kind>" (kinds:
 -- work, done, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
 
+-- Executions someone waits for the outcome of (a result wait outside workflows registers its execution
+-- before it sleeps): their completion alone sends a NOTIFY ("_done"), so finishing work nobody waits for
+-- does not serialise the workers' commits. The registration reads the execution FOR SHARE (query
+-- await_status), which orders it with a completion in flight: either the wait sees the finished status, or
+-- the completion, which deletes the row, sees the registration.
+CREATE TABLE awaited_executions (
+    execution_id text        PRIMARY KEY,
+    since        timestamptz NOT NULL DEFAULT now()
+);
+
 -- The name of the channel of a kind, for this schema (Python: channels.channel(schema, kind)).
 CREATE FUNCTION notify_channel(kind text) RETURNS text
 LANGUAGE plpgsql
@@ -413,15 +425,57 @@ BEGIN
 END;
 $$;
 
--- An enqueue wakes the workers of its queue ("_work", payload the queue). Inserts notify once per statement
--- and queue, so a bulk enqueue of thousands of rows sends one NOTIFY.
+-- Doorbells: PostgreSQL serialises the commits of notifying transactions (one lock, held through the
+-- commit's WAL flush), so wake-ups must not ride on every enqueue of an application's transactions. A
+-- worker arms a bell per queue when it is about to sleep (worker/producer.py); an enqueue notifies only if
+-- it disarms an armed bell: one NOTIFY per worker's sleep, none while the workers are busy (they claim
+-- again without being told). A transaction that checked the bell just before a worker armed it, and
+-- committed after that worker's last claim, wakes nobody: the sleeping worker re-claims on a backoff that
+-- starts at 50 ms, so such work waits about as long as its transaction was open.
+CREATE TABLE worker_doorbells (
+    queue     text    NOT NULL,
+    worker_id text    NOT NULL,
+    armed     boolean NOT NULL DEFAULT true,
+    PRIMARY KEY (queue, worker_id)
+) WITH (fillfactor = 50);
+
+-- Ring the armed bells of these queues: disarm them and NOTIFY each queue that had one. A bell another
+-- transaction is ringing right now is skipped (its NOTIFY wakes the same workers), so concurrent enqueuers
+-- never wait for each other here. Returns how many queues were notified.
+-- (PL/pgSQL, not SQL: an enqueue's trigger calls it, and PL/pgSQL keeps its plans for the session.)
+CREATE FUNCTION ring_doorbells(queues text[]) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    notified bigint;
+BEGIN
+    WITH rung AS (
+        UPDATE worker_doorbells d SET armed = false
+        FROM (SELECT b.queue, b.worker_id FROM worker_doorbells b
+              WHERE b.queue = ANY (queues) AND b.armed
+              FOR UPDATE SKIP LOCKED) AS r
+        WHERE d.queue = r.queue AND d.worker_id = r.worker_id
+        RETURNING d.queue
+    )
+    SELECT count(pg_notify(notify_channel('work'), q.queue)) INTO notified
+    FROM (SELECT DISTINCT queue FROM rung) AS q;
+    RETURN notified;
+END;
+$$;
+
+-- Work for a queue (an enqueue, or an execution enqueued again) rings its doorbells ("_work", payload the
+-- queue). Inserts ring once per statement and queue, so a bulk enqueue of thousands of rows rings once.
 CREATE FUNCTION notify_enqueued() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM pg_notify(notify_channel('work'), queue)
-    FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued') AS queues;
+    -- Most of the time no worker sleeps (busy workers claim again on their own): one cheap look first.
+    IF EXISTS (SELECT FROM worker_doorbells WHERE armed) THEN
+        PERFORM ring_doorbells(ARRAY(SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued'));
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -435,9 +489,13 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     IF NEW.status = 'enqueued' THEN
-        PERFORM pg_notify(notify_channel('work'), NEW.queue);
+        PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
-        PERFORM pg_notify(notify_channel('done'), NEW.id);
+        -- Only a finished execution someone waits for notifies its waiters (see awaited_executions).
+        DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id;
+        IF FOUND THEN
+            PERFORM pg_notify(notify_channel('done'), NEW.id);
+        END IF;
         IF OLD.status = 'running' AND (NEW.status = 'cancelled' OR NEW.error ->> 'type' = 'pgdurable.WorkflowTimeout') THEN
             PERFORM pg_notify(notify_channel('stop'), NEW.id);
         END IF;
@@ -599,6 +657,7 @@ CREATE FUNCTION insert_executions_v2(rows jsonb, common jsonb DEFAULT '{}', rais
 RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -754,6 +813,7 @@ CREATE FUNCTION enqueue_workflow(
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -914,6 +974,7 @@ CREATE FUNCTION send_message(destination_id text, message jsonb, topic text DEFA
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_variable
 BEGIN
@@ -970,6 +1031,7 @@ CREATE FUNCTION checkpoint_step(execution_id text, attempt integer, step_id inte
 RETURNS boolean
 LANGUAGE sql
 SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
 AS $$
     WITH owned AS (
         SELECT e.id FROM workflow_executions e
@@ -1036,6 +1098,7 @@ RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestam
                previous_version text)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1218,6 +1281,7 @@ CREATE FUNCTION table_binding_fire() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     binding constant jsonb := TG_ARGV[0]::jsonb;
@@ -1666,7 +1730,7 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        claim_with_policy(text, text[], text, double precision, integer, text),
                        claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
                        app_versions(), migrate_app_version(text, text),
-                       clock_now(), notify_channel(text), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
+                       clock_now(), notify_channel(text), ring_doorbells(text[]), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
     FROM PUBLIC;

@@ -50,7 +50,10 @@ __all__ = ["Running", "Worker"]
 log = logging.getLogger("pgdurable.worker")
 T = TypeVar("T")
 
-_IDLE_TIMEOUT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
+# The writer's connection: a transaction left open (a stuck step) must not hold rows for longer than a lease;
+# and its statements are the engine's, planned once (db.GENERIC_PLANS).
+_WRITER_SETTINGS_SQL = ("SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
+                        " set_config('plan_cache_mode', 'force_generic_plan', false)")
 
 
 def declared_queues(runtime: Runtime) -> set[str]:
@@ -136,12 +139,12 @@ class Worker:
     # ends a writer session that idles in a transaction that long.
     def _writer_connect(self) -> psycopg.Connection[Any]:
         conn = self.app.db.connect()
-        conn.execute(_IDLE_TIMEOUT_SQL, (str(int(self.settings.lease_seconds * 1000)),))
+        conn.execute(_WRITER_SETTINGS_SQL, (str(int(self.settings.lease_seconds * 1000)),))
         return conn
 
     async def _writer_aconnect(self) -> psycopg.AsyncConnection[Any]:
         conn = await self.app.db.aconnect()
-        await conn.execute(_IDLE_TIMEOUT_SQL, (str(int(self.settings.lease_seconds * 1000)),))
+        await conn.execute(_WRITER_SETTINGS_SQL, (str(int(self.settings.lease_seconds * 1000)),))
         return conn
 
     # -- wake-ups -----------------------------------------------------------------------------------------
@@ -151,11 +154,12 @@ class Worker:
             producer.slot_freed()
 
     def _work_notified(self, queue: str | None) -> None:
+        # None: anything may have happened (the listener reconnected, the worker stops): re-arm every bell.
         if queue is None:
             for producer in self.producers.values():
-                producer.wake()
+                producer.rung()
         elif queue in self.producers:
-            self.producers[queue].wake()
+            self.producers[queue].rung()
 
     def _schedules_notified(self) -> None:
         if self.scheduler is not None:
@@ -174,7 +178,7 @@ class Worker:
     async def run(self, *, handle_signals: bool = False) -> None:
         """Work until ``stop()`` (or SIGTERM/SIGINT when ``handle_signals``), then shut down gracefully."""
         self.loop = asyncio.get_running_loop()
-        self._pool = await self.app.db.async_pool(size=4)
+        self._pool = await self.app.db.worker_pool(size=4)
         self._batcher = WriteBatcher(self._writer_aconnect, self._writer_connect)
         await self._batcher.start()
         self.executor.start(self.loop, self._batcher)
@@ -247,7 +251,11 @@ class Worker:
                 await self._deregister()
         finally:
             self.executor.threads.shutdown(wait=False, cancel_futures=True)
-            await self.app.db.aclose_loop_pool()
+            try:
+                if self._pool is not None:
+                    await self._pool.close()
+            finally:
+                await self.app.db.aclose_loop_pool()  # the App's, if workflows on this loop used it
 
     async def _deregister(self) -> None:
         # Pooled connections may have been cut (server restart, pg_terminate_backend); each failure drops one.

@@ -7,6 +7,15 @@ poll interval as a fallback), then claims a batch. Two named helpers shape when 
   batches instead of one statement per completion (an idle worker claims at once);
 - the ``Backoff`` re-looks at a queue with limits in SQL after a short claim, because such a queue frees
   capacity without any NOTIFY (a concurrency slot's holder finished elsewhere, a rate window moved on).
+
+Wake-ups cost the enqueuers (PostgreSQL serialises the commits of notifying transactions), so a producer
+asks for one only when it is about to sleep: after a short claim it arms its doorbell for the queue (one
+statement, committed), then claims once more, so that nothing committed before the bell was armed is left
+behind; the next enqueue into the queue rings the bell (one NOTIFY) and disarms it. A busy producer claims
+again on its own and needs no bell. One case escapes the bell: a transaction that looked at the bell just
+before it was armed and committed after the claim that followed; the sleeping producer re-claims on a
+backoff (50 ms, doubling up to the poll interval), so such work waits about as long as that transaction
+was open, never a whole poll interval.
 """
 
 from __future__ import annotations
@@ -70,6 +79,9 @@ class Producer:
     COALESCE_SECONDS = 0.005
     # After a short policy claim, look again this soon (doubling while nothing comes).
     POLICY_RECHECK_SECONDS = 0.01
+    # Asleep with its doorbell armed, look again this soon (doubling while nothing comes): catches the work
+    # of a transaction that looked at the bell just before it was armed (see the module's docstring).
+    IDLE_RECHECK_SECONDS = 0.05
 
     def __init__(self, queue: str, *, worker_id: str, names: list[str], version: str, settings: Settings,
                  executor: Executor, policies: Callable[[], dict[str, store.QueuePolicy]],
@@ -85,11 +97,20 @@ class Producer:
         self._stopping = stopping
         self.debouncer = Debouncer(self.COALESCE_SECONDS)
         self.recheck = Backoff(self.POLICY_RECHECK_SECONDS, settings.poll_seconds)
+        self.idle = Backoff(self.IDLE_RECHECK_SECONDS, settings.poll_seconds)
+        # Whether this worker's doorbell for the queue is armed (as far as it knows: a NOTIFY for the queue
+        # means some enqueue disarmed it).
+        self.armed = False
         self._wake = asyncio.Event()
         # Waiting for room (no free slot, or the last claim filled its batch): a freed slot wakes it.
         self.hungry = True
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def rung(self) -> None:
+        """A NOTIFY for the queue: its doorbells were rung (disarmed); wake up."""
+        self.armed = False
         self._wake.set()
 
     def slot_freed(self) -> None:
@@ -161,6 +182,22 @@ class Producer:
                 continue
             if claimed and not last_was_short:
                 self.hungry = True
+                self.idle.reset()
                 continue  # there may be more waiting
             self.hungry = False
-            await self._sleep(min(self.settings.poll_seconds, self.recheck.delay or self.settings.poll_seconds))
+            if not self.armed:
+                if await self._arm():
+                    continue  # claim once more: what committed before the bell was armed rang nothing
+            else:
+                self.idle.again(found_nothing=not claimed)
+            poll = self.settings.poll_seconds
+            await self._sleep(min(poll, self.recheck.delay or poll, self.idle.delay or poll))
+
+    async def _arm(self) -> bool:
+        try:
+            await self._run(store.arm_doorbell(id=self.worker_id, queue=self.queue))
+        except Exception as exc:  # the poll (and the next round) still find the work
+            log.warning("worker %s: could not arm the doorbell of queue %s (%s)", self.worker_id, self.queue, exc)
+            return False
+        self.armed = True
+        return True

@@ -2,34 +2,30 @@
 -- named placeholders. The connection's search_path is the pgdurable schema.
 
 -- name: enqueue
--- Idempotent by id: a second enqueue with the same id returns the existing row (created = false). With a
--- dedup key that an unfinished execution of the queue holds, returns that one (another id).
--- The insert (and what a delay means) is insert_executions_v2's, like every way of creating executions. A
--- debounced enqueue returns the burst's pending execution (created or updated: created is true either way).
-WITH inserted AS (
-    SELECT i.id, i.name, true AS created
-    FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
-        'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
-        'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
-        'timeout_seconds', %(timeout)s::float8, 'dedup_key', %(dedup_key)s::text,
-        'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb,
-        'tags', %(tags)s::jsonb, 'debounce_key', %(debounce_key)s::text,
-        'debounce_seconds', %(debounce_seconds)s::float8,
-        'debounce_max_seconds', %(debounce_max_seconds)s::float8))) AS i
-)
-SELECT id, name, created FROM inserted
+-- The insert (and what a delay means) is insert_executions_v2's, like every way of creating executions. No
+-- row: the id is taken, or an unfinished execution of the queue holds the dedup key (find_enqueued says
+-- which). A debounced enqueue returns the burst's pending execution (created or updated: created is true
+-- either way). Kept to the insert alone, so that its plan is cached (an OR over optional keys in the same
+-- statement made PostgreSQL plan it anew at every call).
+SELECT i.id, i.name, true AS created
+FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
+    'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
+    'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
+    'timeout_seconds', %(timeout)s::float8, 'dedup_key', %(dedup_key)s::text,
+    'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb,
+    'tags', %(tags)s::jsonb, 'debounce_key', %(debounce_key)s::text,
+    'debounce_seconds', %(debounce_seconds)s::float8,
+    'debounce_max_seconds', %(debounce_max_seconds)s::float8))) AS i;
+
+-- name: find_enqueued
+-- What an enqueue that created nothing found instead: the execution with its id, else the unfinished one of
+-- the queue that holds its dedup key.
+(SELECT id, name, false AS created FROM workflow_executions WHERE id = %(id)s)
 UNION ALL
 (SELECT id, name, false FROM workflow_executions
- WHERE NOT EXISTS (SELECT 1 FROM inserted)
-   AND (id = %(id)s
-        OR (%(dedup_key)s::text IS NOT NULL AND queue = %(queue)s AND dedup_key = %(dedup_key)s::text
-            AND status IN ('enqueued', 'waiting', 'running')))
- ORDER BY id = %(id)s DESC
- LIMIT 1);
-
--- name: find_duplicate
-SELECT id, name, false AS created FROM workflow_executions
-WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s AND status IN ('enqueued', 'waiting', 'running');
+ WHERE %(dedup_key)s::text IS NOT NULL AND queue = %(queue)s AND dedup_key = %(dedup_key)s::text
+   AND status IN ('enqueued', 'waiting', 'running'))
+LIMIT 1;
 
 -- name: enqueue_in_transaction
 -- Enqueue on the caller's own connection, inside its transaction, through the SQL function (schema-
@@ -278,6 +274,19 @@ WHERE id = %(id)s;
 
 -- name: get_status
 SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
+
+-- name: await_status
+-- The status of an execution about to be waited for; an unfinished one is registered as awaited, so that its
+-- completion notifies. FOR SHARE waits for a completion in flight (then the finished status is read, and
+-- nothing registered), or makes that completion wait for the registration (then it sees it).
+WITH found AS (
+    SELECT status, output, error FROM workflow_executions WHERE id = %(id)s FOR SHARE
+), registered AS (
+    INSERT INTO awaited_executions (execution_id)
+    SELECT %(id)s FROM found WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
+    ON CONFLICT DO NOTHING
+)
+SELECT status, output, error FROM found;
 
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,

@@ -11,11 +11,19 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
 UPDATE workers SET heartbeat_at = now() WHERE id = %(id)s;
 
 -- name: deregister_worker
+WITH bells AS (DELETE FROM worker_doorbells WHERE worker_id = %(id)s)
 DELETE FROM workers WHERE id = %(id)s;
 
 -- name: prune_workers
--- Forget workers that stopped heartbeating long ago (they crashed; their leases are swept separately).
-DELETE FROM workers WHERE heartbeat_at < now() - interval '1 hour';
+-- Forget workers that stopped heartbeating long ago (they crashed; their leases are swept separately), and
+-- their doorbells.
+WITH gone AS (DELETE FROM workers WHERE heartbeat_at < now() - interval '1 hour' RETURNING id)
+DELETE FROM worker_doorbells WHERE worker_id IN (SELECT id FROM gone);
+
+-- name: arm_doorbell
+-- The worker is about to sleep on this queue: the next enqueue into it notifies (ring_doorbells).
+INSERT INTO worker_doorbells (queue, worker_id) VALUES (%(queue)s, %(id)s)
+ON CONFLICT (queue, worker_id) DO UPDATE SET armed = true WHERE NOT worker_doorbells.armed;
 
 -- name: list_workers
 SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,

@@ -1,0 +1,181 @@
+"""What one enqueue and one checkpoint cost, against PostgreSQL's own floor, measured side by side.
+
+Each figure is a ratio to a pgbench run made in the same round, and rounds alternate the two sides, so that
+a noisy machine moves both (the medians over rounds are reported):
+
+  enqueue       app.enqueue one at a time (one client, a queue no worker serves), ms per call, against
+                pgbench's one-row INSERT commit at one client (``ck``: id, uuid, step, jsonb; the floor).
+  sql_enqueue   SELECT enqueue_workflow(...) from pgbench at one client, against the same floor.
+  checkpoint    a workflow of S sequential steps run in this process (app.start), ms per step, against the
+                same floor.
+  contention    pgbench, C clients each running SELECT enqueue_workflow(...) in its own transaction, with
+                the engine's triggers and with them off (session_replication_role=replica: the same insert,
+                no wake-ups): what enqueueing inside application transactions costs them.
+  wake          at light load (one every 20 ms, open loop), SELECT enqueue_workflow(...) committed on a plain
+                connection (as any language would), then the result of that step-less workflow awaited
+                (app.handle(id).result()) from a worker process: p50 and p99 of the round trip. This is
+                what doorbells must not slow down.
+
+Usage: .venv/bin/python bench/costs.py [--rounds R] [--seconds T] [--clients 8,32,64] [--calls N] [--steps S]
+       [--url URL] [--results FILE]
+env PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.throughput import IDLE_QUEUE, JOBS_QUEUE, Results, WorkerProcess, build, drop_schema, ensure_database, pct
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/pgdurable_bench"
+
+
+def pgbench(url: str, script: str, clients: int, seconds: int, options: str | None = None) -> float:
+    """Transactions per second of ``script`` (a file) from ``clients`` pgbench clients."""
+    env = {**os.environ, **({"PGOPTIONS": options} if options else {})}
+    out = subprocess.run(["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds),
+                          "-f", script, url], capture_output=True, text=True, env=env, check=True).stdout
+    match = re.search(r"^tps = ([0-9.]+)", out, re.MULTILINE)
+    assert match, out
+    return float(match.group(1))
+
+
+def write(directory: str, name: str, text: str) -> str:
+    path = os.path.join(directory, name)
+    Path(path).write_text(text)
+    return path
+
+
+def light_load_round_trips(args: argparse.Namespace, app: Any, schema: str) -> list[float]:
+    """Milliseconds from committing SELECT enqueue_workflow(...) on a plain connection to having the result."""
+    worker = WorkerProcess(args.url, schema, JOBS_QUEUE, 16)
+    took: list[float] = []
+    try:
+        with psycopg.connect(args.url) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.commit()
+            for i in range(10 + args.wake_n):  # the first ten warm the worker up
+                started = time.perf_counter()
+                (workflow_id,), = conn.execute("SELECT enqueue_workflow('job', %s::jsonb, %s)",
+                                               (json.dumps({"i": i}), JOBS_QUEUE)).fetchall()
+                conn.commit()
+                app.handle(workflow_id).result(timeout=60)
+                if i >= 10:
+                    took.append((time.perf_counter() - started) * 1000)
+                worker.check()
+                time.sleep(max(0.0, 0.02 - (time.perf_counter() - started)))
+    finally:
+        worker.stop()
+    return sorted(took)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=4, help="each pgbench run")
+    parser.add_argument("--clients", default="8,32,64")
+    parser.add_argument("--calls", type=int, default=2000, help="app.enqueue calls per round")
+    parser.add_argument("--steps", type=int, default=1000, help="steps of the checkpoint workflow per round")
+    parser.add_argument("--wake-n", type=int, default=200, help="light-load SQL enqueue -> result samples")
+    parser.add_argument("--url", default=os.environ.get("PGDURABLE_BENCH_URL", DEFAULT_URL))
+    parser.add_argument("--results")
+    args = parser.parse_args()
+    clients = [int(c) for c in args.clients.split(",") if c]
+    results = Results(args.results)
+    ensure_database(args.url)
+    schema = f"costs_{secrets.token_hex(4)}"
+    bench = build(args.url, schema)
+    app = bench.app
+    app.migrate()
+    tmp = tempfile.mkdtemp(prefix="pgdurable-costs-")
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS pgdurable_costs_floor")
+        conn.execute("CREATE TABLE pgdurable_costs_floor (id bigserial PRIMARY KEY, wf uuid, step int, out jsonb,"
+                     " UNIQUE (wf, step))")
+    floor = write(tmp, "floor.sql",
+                  "INSERT INTO pgdurable_costs_floor (wf, step, out) VALUES (gen_random_uuid(), 1, '{\"a\": 1}');\n")
+    qualified = sql.Identifier(schema).as_string(None)
+    enqueue_sql = write(tmp, "enqueue.sql",
+                        f"SELECT {qualified}.enqueue_workflow('job', '{{\"i\": 1}}', '{IDLE_QUEUE}');\n")
+    job = bench.flows["sync"]["job"]
+    many_steps = bench.flows["sync"]["many"]
+    rows: dict[str, list[float]] = {"floor_ms": [], "enqueue_ms": [], "sql_enqueue_ms": [], "step_ms": []}
+    contention: dict[int, list[tuple[float, float]]] = {c: [] for c in clients}
+    try:
+        app.enqueue(job, 0)  # warm the pool
+        for round_ in range(1, args.rounds + 1):
+            rows["floor_ms"].append(1000 / pgbench(args.url, floor, 1, args.seconds))
+            started = time.perf_counter()
+            for i in range(args.calls):
+                app.enqueue(job, i, queue=IDLE_QUEUE)
+            rows["enqueue_ms"].append((time.perf_counter() - started) * 1000 / args.calls)
+            rows["sql_enqueue_ms"].append(1000 / pgbench(args.url, enqueue_sql, 1, args.seconds))
+            started = time.perf_counter()
+            app.start(many_steps, args.steps).result()
+            rows["step_ms"].append((time.perf_counter() - started) * 1000 / args.steps)
+            for c in clients:
+                with_ = pgbench(args.url, enqueue_sql, c, args.seconds)
+                without = pgbench(args.url, enqueue_sql, c, args.seconds, "-c session_replication_role=replica")
+                contention[c].append((with_, without))
+            floor_ms = rows["floor_ms"][-1]
+            print(f"round {round_}: floor {floor_ms:.3f} ms; enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
+                  f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
+                  f"step {rows['step_ms'][-1] / floor_ms:.2f}x; contention " + ", ".join(
+                      f"{c}: {contention[c][-1][0] / contention[c][-1][1]:.2f}" for c in clients), flush=True)
+        wake = light_load_round_trips(args, app, schema)
+    finally:
+        app.close()
+        drop_schema(args.url, schema)
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS pgdurable_costs_floor")
+
+    def ratio(name: str) -> float:
+        return statistics.median(a / b for a, b in zip(rows[name], rows["floor_ms"], strict=True))
+
+    summary: dict[str, Any] = {
+        "floor_ms": statistics.median(rows["floor_ms"]),
+        "enqueue_ms": statistics.median(rows["enqueue_ms"]), "enqueue_ratio": ratio("enqueue_ms"),
+        "sql_enqueue_ms": statistics.median(rows["sql_enqueue_ms"]), "sql_enqueue_ratio": ratio("sql_enqueue_ms"),
+        "step_ms": statistics.median(rows["step_ms"]), "step_ratio": ratio("step_ms"),
+        "contention": {str(c): {"with_tps": statistics.median(w for w, _ in pairs),
+                                "without_tps": statistics.median(wo for _, wo in pairs),
+                                "ratio": statistics.median(w / wo for w, wo in pairs)}
+                       for c, pairs in contention.items()},
+        "rounds": args.rounds,
+        "wake_p50_ms": pct(wake, 0.5), "wake_p99_ms": pct(wake, 0.99), "wake_n": len(wake),
+    }
+    print(f"\nmedians over {args.rounds} rounds (ratios are per round, to the pgbench one-row commit of that round):")
+    print(f"  pgbench one-row INSERT commit, 1 client: {summary['floor_ms']:.3f} ms")
+    print(f"  app.enqueue, one at a time:              {summary['enqueue_ms']:.3f} ms = "
+          f"{summary['enqueue_ratio']:.2f}x (target <= 1.5x)")
+    print(f"  SELECT enqueue_workflow(), 1 client:     {summary['sql_enqueue_ms']:.3f} ms = "
+          f"{summary['sql_enqueue_ratio']:.2f}x")
+    print(f"  sequential step checkpoint:              {summary['step_ms']:.3f} ms = "
+          f"{summary['step_ratio']:.2f}x (target <= 1.3x)")
+    for c, figures in summary["contention"].items():
+        print(f"  enqueue in app transactions, {c:>2} clients: {figures['with_tps']:.0f} vs "
+              f"{figures['without_tps']:.0f} tps without wake-ups = {figures['ratio']:.2f}x (target >= 0.95x)")
+    print(f"  SQL enqueue -> result, step-less workflow, 1 per 20 ms ({len(wake)}x): p50 "
+          f"{summary['wake_p50_ms']:.2f} ms, p99 {summary['wake_p99_ms']:.2f} ms (target p50 <= 5 ms)")
+    results["costs"] = summary
+    results.save()
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Wake-ups that cost only when someone sleeps. Doorbells: an enqueue notifies only when a worker sleeps on its
+queue (armed its bell), once per sleep. Result waiters: a finished execution notifies only if a wait registered
+it. Either way, transactions that nobody needs to hear from send no NOTIFY, whose commits PostgreSQL
+serialises."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgdurable
+from pgdurable import channels, store
+from tests.conftest import ThreadWorker
+from tests.harness import WAIT, wait_for
+
+
+@pytest.fixture
+def listening(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    """A connection listening on the schema's work channel; calling the fixture returns what arrived."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(channels.listen(schema, "work"))
+
+        def received() -> list[str]:
+            conn.execute("SELECT 1")  # let pending notifications in
+            return [notice.payload for notice in conn.notifies(timeout=0.2)]
+        yield received
+
+
+def enqueue_sql(conn: psycopg.Connection[Any], queue: str = "q") -> None:
+    conn.execute("SELECT enqueue_workflow('nobody', '{}', %s)", (queue,))
+
+
+def arm(conn: psycopg.Connection[Any], worker: str, queue: str = "q") -> None:
+    conn.execute("INSERT INTO worker_doorbells (queue, worker_id) VALUES (%s, %s) "
+                 "ON CONFLICT (queue, worker_id) DO UPDATE SET armed = true", (queue, worker))
+
+
+def armed(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], bool]:
+    rows = conn.execute("SELECT queue, worker_id, armed FROM worker_doorbells").fetchall()
+    return {(queue, worker): is_armed for queue, worker, is_armed in rows}
+
+
+def test_an_enqueue_notifies_only_while_a_bell_is_armed(db: psycopg.Connection[Any],
+                                                        listening: Callable[[], list[str]]) -> None:
+    enqueue_sql(db)
+    assert listening() == []  # nobody sleeps on the queue: no NOTIFY, no serialised commit
+
+    arm(db, "w1")
+    arm(db, "w2")
+    arm(db, "w3", queue="other")
+    enqueue_sql(db)
+    assert listening() == ["q"]  # one NOTIFY wakes both sleepers of q
+    assert armed(db) == {("q", "w1"): False, ("q", "w2"): False, ("other", "w3"): True}
+
+    enqueue_sql(db)
+    assert listening() == []  # rung once per sleep
+
+
+def test_a_bulk_insert_rings_once_per_queue(db: psycopg.Connection[Any], listening: Callable[[], list[str]]) -> None:
+    arm(db, "w1", "a")
+    arm(db, "w2", "b")
+    db.execute("SELECT count(*) FROM insert_executions_v2(%s::jsonb)",
+               ('[' + ','.join(f'{{"id": "x{i}", "name": "n", "queue": "{"ab"[i % 2]}"}}' for i in range(100))
+                + ']',))
+    assert sorted(listening()) == ["a", "b"]
+
+
+def test_enqueuers_do_not_wait_for_one_another_on_a_bell(database_url: str, schema: str,
+                                                         db: psycopg.Connection[Any],
+                                                         listening: Callable[[], list[str]]) -> None:
+    """The first transaction to ring holds the bell until it commits; a concurrent enqueue skips it (its
+    NOTIFY wakes the same workers) instead of waiting behind an application transaction that may be long."""
+    arm(db, "w1")
+    first = psycopg.connect(database_url)
+    second = psycopg.connect(database_url)
+    try:
+        for conn in (first, second):
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.commit()
+        enqueue_sql(first)  # rings: the bell is locked until `first` ends
+        second.execute("SET lock_timeout = '5s'")  # would fail with a lock timeout if it waited
+        enqueue_sql(second)
+        second.commit()
+        assert listening() == []
+        first.commit()
+        assert listening() == ["q"]
+    finally:
+        first.close()
+        second.close()
+    assert db.execute("SELECT count(*) FROM workflow_executions").fetchone() == (2,)
+
+
+def test_a_sleeping_worker_is_woken_by_an_enqueue_from_sql(make_app: Callable[..., pgdurable.App],
+                                                          database_url: str, schema: str,
+                                                          start_worker: Callable[..., ThreadWorker]) -> None:
+    # Polling alone would take five minutes: only the bell can wake the worker in time.
+    app = make_app(poll_seconds=300.0)
+    done = threading.Event()
+
+    @app.workflow(name="ping")
+    def ping() -> str:
+        done.set()
+        return "pong"
+
+    app.migrate()
+    runner = start_worker(app, concurrency=2)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the worker to arm its bell")
+        # Past the idle backoff's first re-checks, so that only the bell can explain a prompt start.
+        wait_for(lambda: (runner.worker.producers["default"].idle.delay or 0) >= 1.0, WAIT, "a long idle backoff")
+        conn.execute("SELECT enqueue_workflow('ping')")
+        assert done.wait(WAIT)
+        wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the bell armed again")
+    runner.stop()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        assert armed(conn) == {}  # a stopped worker takes its bells with it
+
+
+def test_work_that_slipped_past_the_bell_is_found_by_the_idle_backoff(
+        make_app: Callable[..., pgdurable.App], database_url: str, schema: str,
+        start_worker: Callable[..., ThreadWorker]) -> None:
+    """A transaction that looked at the bell before the worker armed it, and commits after the worker's last
+    claim, rings nothing; the sleeping worker's backoff re-claim finds its work, well before a poll."""
+    app = make_app(poll_seconds=300.0)
+    done = threading.Event()
+
+    @app.workflow(name="late")
+    def late() -> None:
+        done.set()
+
+    app.migrate()
+    with psycopg.connect(database_url) as slow:
+        slow.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        slow.execute("SELECT enqueue_workflow('late')")  # no bell armed yet: rings nobody
+        runner = start_worker(app, concurrency=2)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the worker to arm its bell")
+        slow.commit()
+    assert done.wait(WAIT)
+
+
+# ---- result waiters: a finished execution notifies only if someone waits for it ------------------------------
+
+@pytest.fixture
+def done_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(channels.listen(schema, "done"))
+
+        def received() -> list[str]:
+            conn.execute("SELECT 1")
+            return [notice.payload for notice in conn.notifies(timeout=0.2)]
+        yield received
+
+
+def finish(conn: psycopg.Connection[Any], execution_id: str) -> None:
+    conn.execute("UPDATE workflow_executions SET status = 'succeeded', output = '1' WHERE id = %s", (execution_id,))
+
+
+def test_only_an_awaited_execution_notifies_when_it_finishes(db: psycopg.Connection[Any],
+                                                             done_channel: Callable[[], list[str]]) -> None:
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'alone')")
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'awaited')")
+    assert db.execute(_query(store.await_status("awaited").name), {"id": "awaited"}).fetchone() == (
+        "enqueued", None, None)
+    assert db.execute("SELECT execution_id FROM awaited_executions").fetchall() == [("awaited",)]
+    finish(db, "alone")
+    assert done_channel() == []  # nobody waits: no NOTIFY, no serialised commit
+    finish(db, "awaited")
+    assert done_channel() == ["awaited"]
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+    # A finished execution is not registered: its waiter already has the outcome.
+    assert db.execute(_query("await_status"), {"id": "alone"}).fetchone() == ("succeeded", 1, None)
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+
+
+def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str, schema: str,
+                                                               db: psycopg.Connection[Any],
+                                                               done_channel: Callable[[], list[str]]) -> None:
+    """Either the wait sees the finished status or the completion sees the registration: never neither."""
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'first-completer')")
+    db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'first-waiter')")
+    completer = psycopg.connect(database_url)
+    waiter = psycopg.connect(database_url)
+    try:
+        for conn in (completer, waiter):
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.commit()
+        # The completion is in flight: the registration waits for it, then reads the finished status.
+        finish(completer, "first-completer")
+        seen: list[Any] = []
+        looking = threading.Thread(target=lambda: seen.append(
+            waiter.execute(_query("await_status"), {"id": "first-completer"}).fetchone()))
+        looking.start()
+        looking.join(0.5)
+        assert looking.is_alive()  # blocked on the completion's row lock
+        completer.commit()
+        looking.join(WAIT)
+        waiter.commit()
+        assert seen == [("succeeded", 1, None)]
+        assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+        # The registration is in flight: the completion waits for it, then sees it and notifies.
+        assert waiter.execute(_query("await_status"), {"id": "first-waiter"}).fetchone()[0] == "enqueued"
+        finishing = threading.Thread(target=lambda: (finish(completer, "first-waiter"), completer.commit()))
+        finishing.start()
+        finishing.join(0.5)
+        assert finishing.is_alive()  # blocked on the registration's FOR SHARE
+        waiter.commit()
+        finishing.join(WAIT)
+        assert not finishing.is_alive()
+        assert "first-waiter" in done_channel()
+    finally:
+        completer.close()
+        waiter.close()
+
+
+def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdurable.App],
+                                                  start_worker: Callable[..., ThreadWorker],
+                                                  done_channel: Callable[[], list[str]]) -> None:
+    app = make_app()
+    release = threading.Event()
+
+    @app.workflow(name="slow")
+    def slow() -> str:
+        release.wait(WAIT)
+        return "done"
+
+    @app.workflow(name="quick")
+    def quick() -> str:
+        return "done"
+
+    start_worker(app, concurrency=4)
+    unawaited = app.enqueue(quick)
+    wait_for(lambda: getattr(app.get(unawaited.workflow_id), "status", None) == "succeeded", WAIT,
+             "the unawaited execution to finish")
+    handle = app.enqueue(slow)
+    waiting = threading.Thread(target=lambda: handle.result(timeout=WAIT))
+    waiting.start()
+    with psycopg.connect(app.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (1,), WAIT,
+                 "the wait to register")
+    release.set()
+    waiting.join(WAIT)
+    assert not waiting.is_alive()
+    assert done_channel() == [handle.workflow_id]  # the awaited one notified; the unawaited one did not
+
+
+def _query(name: str) -> str:
+    from pgdurable.sqlfiles import query
+    return query(name)
