@@ -69,4 +69,5 @@ def fulfil(order_id: str) -> str:
     pgdurable.write_stream("progress", "packed")
     tracking = ship(order_id, parcel)
     pgdurable.write_stream("progress", {"shipped": tracking})
+    pgdurable.close_stream("progress")  # readers (the SSE endpoint) end now
     return tracking
