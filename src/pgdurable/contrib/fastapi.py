@@ -58,7 +58,7 @@ def lifespan(app: App, *, worker: bool = False, queues: list[str] | None = None,
         finally:
             if runner is not None and task is not None:
                 runner.stop()
-                await task
+                await asyncio.gather(task, return_exceptions=True)  # a failure was logged when it happened
             await dispose_async_engine(app.db)
             await app.db.aclose_loop_pool()
 
