@@ -181,8 +181,8 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
     execute(args.url, args.schema, "VACUUM workflow_executions")  # the rolled-back claims' dead versions
     statement_s = []
     claimed = 0
-    claim = store.claim(queue=JOBS_QUEUE, names=names, owner="bench-claim", lease=3600.0, limit=args.claim_limit,
-                        version=app.version)
+    claim = store.claims.claim(queue=JOBS_QUEUE, names=names, owner="bench-claim", lease=3600.0, limit=args.claim_limit,
+                               version=app.version)
     with connect(args.url, args.schema) as conn:
         while True:
             t = time.perf_counter()

@@ -46,7 +46,7 @@ def wait_listening(app: pgdurable.App, workers: int = 1) -> None:
 
 
 def execution(app: pgdurable.App, workflow_id: str) -> Any:
-    """The execution's row (store.Execution); fails the test if there is none."""
+    """The execution's row (store.executions.Execution); fails the test if there is none."""
     found = app.get(workflow_id)
     assert found is not None, f"no execution {workflow_id}"
     return found

@@ -152,6 +152,7 @@ def test_a_commit_wakes_the_workers(app: pgdurable.App, db: psycopg.Connection[A
     def on_order(id: int) -> None: ...
 
     app.bind_table(f"{shop}.orders", on_order)
+    db.execute("INSERT INTO worker_doorbells (queue, worker_id) VALUES ('orders-q', 'sleeper')")  # a worker sleeps
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{app.schema}_work")))
         with writer.transaction():

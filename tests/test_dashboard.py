@@ -409,8 +409,8 @@ def test_hostile_strings_are_escaped_on_every_page(app: pgdurable.App, start_wor
         app.enqueue(hostile, XSS, workflow_id=f"id-{XSS_IMG}").result(timeout=WAIT)
     # A worker whose queue list says <script> (queue names of executions are checked by the schema, the
     # workers table is not), and an unrunnable execution whose name is hostile.
-    app.db.run(store.register_worker(id=XSS, hostname=XSS_IMG, pid=1, queues=[XSS], workflows=[XSS],
-                                     concurrency=1, version=XSS_IMG))
+    app.db.run(store.workers.register_worker(id=XSS, hostname=XSS_IMG, pid=1, queues=[XSS], workflows=[XSS],
+                                             concurrency=1, version=XSS_IMG))
     app.enqueue(XSS_IMG, workflow_id=XSS, queue="nobody")
     # A parent waiting on a child that waits for a message on a hostile topic; hostile event keys and values,
     # messages, idempotency keys and ids; a schedule row written by hand.

@@ -61,14 +61,15 @@ def test_a_burst_pushes_the_start_back_but_never_past_the_max_wait(db: psycopg.C
         assert json.loads(row["input"]) == {"n": n} and row["status"] == "waiting"
     # the timer wakes it at the max wait, however the burst goes on
     clock(t0 + timedelta(seconds=60))
-    assert store.run(db, store.wake_due())[0] == 1
+    assert store.run(db, store.claims.wake_due())[0] == 1
     # enqueued, not yet claimed: still the burst's; past its deadline, the start stays at the deadline
     clock(t0 + timedelta(seconds=61))
     assert _debounced(db, 99) == first
     row = _row(db, first)
     assert (row["status"], row["available_at"], json.loads(row["input"])) == (
         "enqueued", t0 + timedelta(seconds=60), {"n": 99})
-    [claimed] = store.run(db, store.claim(queue="default", names=["w"], owner="me", lease=30, limit=10, version="v"))
+    [claimed] = store.run(db, store.claims.claim(queue="default", names=["w"], owner="me", lease=30, limit=10,
+                                                 version="v"))
     assert claimed.id == first and claimed.input == {"n": 99}  # this connection decodes jsonb
     # started: the next enqueue begins a new burst, with its own deadline
     second = _debounced(db, 100)
@@ -98,8 +99,8 @@ def test_an_enqueue_racing_a_claim_starts_the_next_burst(database_url: str, db: 
     schema = db.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
     with psycopg.connect(database_url) as claimer:
         claimer.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        [claimed] = store.run(claimer, store.claim(queue="default", names=["w"], owner="me", lease=30, limit=1,
-                                                   version="v"))  # claimed, not committed: the row is locked
+        [claimed] = store.run(claimer, store.claims.claim(queue="default", names=["w"], owner="me", lease=30, limit=1,
+                                                          version="v"))  # claimed, not committed: the row is locked
         assert claimed.id == pending
         result: list[str] = []
         racer = threading.Thread(target=lambda: result.append(_racing_enqueue(database_url, schema)))

@@ -82,7 +82,7 @@ def test_a_worker_whose_connections_were_killed_still_stops(named_app: tuple[pgd
         return None
 
     runner = start_worker(app)
-    wait_for(lambda: app.db.run(store.list_workers()), WAIT, "the worker to register")
+    wait_for(lambda: app.db.run(store.workers.list_workers()), WAIT, "the worker to register")
     assert terminate(database_url, name) >= 2
     runner.stop()  # fails if the thread is still alive after 30 s
 
@@ -96,7 +96,7 @@ def test_a_failure_to_load_checkpoints_does_not_stop_the_claim_loop(
     handle = app.enqueue(echo, 7)
     with app.db.pool.connection() as conn:  # as if an earlier attempt had died: the next claim is a resume
         conn.execute("UPDATE workflow_executions SET attempt = 1 WHERE id = %s", (handle.workflow_id,))
-    real, failed = store.load_steps, threading.Event()
+    real, failed = store.checkpoints.load_steps, threading.Event()
 
     def flaky(ids: list[str]) -> store.Call[Any]:
         call = real(ids)
@@ -108,7 +108,7 @@ def test_a_failure_to_load_checkpoints_does_not_stop_the_claim_loop(
             raise psycopg.OperationalError("connection lost (injected)")
         return dataclasses.replace(call, read=lost)
 
-    monkeypatch.setattr(store, "load_steps", flaky)
+    monkeypatch.setattr(store.checkpoints, "load_steps", flaky)
     start_worker(app)
     assert handle.result(timeout=WAIT) == 7
     assert failed.is_set()

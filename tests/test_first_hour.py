@@ -207,7 +207,7 @@ async def _every_call_async(app: pgdurable.App, flow: Any, leaf: Any) -> None:
 
     app.queue("limited", concurrency=1)
     await app.apply_queue_policies_async()
-    assert "limited" in await app.db.arun(store.queue_policies(None))
+    assert "limited" in await app.db.arun(store.queues.queue_policies(None))
 
     schedule = await app.schedule_async("nightly", leaf, "@daily", args={"n": 1})
     assert schedule.name == "nightly"
@@ -324,8 +324,8 @@ def test_workers_whose_heartbeats_stopped_are_listed_dead(
         app: pgdurable.App, db: psycopg.Connection[Any], database_url: str, schema: str,
         spawn_worker: Callable[..., Any]) -> None:
     for worker_id, lease in (("short-lease", 1.0), ("long-lease", 30.0), ("older-version", None)):
-        app.db.run(store.register_worker(id=worker_id, hostname="h", pid=1, queues=["default"], workflows=[],
-                                         concurrency=1, version="v", lease=lease))
+        app.db.run(store.workers.register_worker(id=worker_id, hostname="h", pid=1, queues=["default"], workflows=[],
+                                                 concurrency=1, version="v", lease=lease))
     db.execute("UPDATE workers SET heartbeat_at = now() - interval '5 seconds' WHERE id <> 'older-version'")
     db.execute("UPDATE workers SET heartbeat_at = now() - interval '90 seconds' WHERE id = 'older-version'")
 

@@ -196,9 +196,9 @@ def test_a_write_the_database_refuses_is_charged_to_its_own_step(
         assert row is not None and row.recoveries == 0 and row.attempt == 1
 
 
-def _claim_all(app: pgdurable.App, owner: str) -> list[store.Claimed]:
-    return app.db.run(store.claim(queue="default", names=["noop"], owner=owner, lease=60, limit=100,
-                                  version=app.version))
+def _claim_all(app: pgdurable.App, owner: str) -> list[store.claims.Claimed]:
+    return app.db.run(store.claims.claim(queue="default", names=["noop"], owner=owner, lease=60, limit=100,
+                                         version=app.version))
 
 
 def test_group_commit_splits_a_refused_batch_and_keys_outcomes_by_attempt(app: pgdurable.App,

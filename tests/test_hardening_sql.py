@@ -413,9 +413,14 @@ def test_triggers_use_pgdurable_objects_whatever_the_callers_search_path(
     hostile = f"hostile_{uuid.uuid4().hex[:8]}"
     target = sql.Identifier(schema)
     db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(hostile)))
+    # Workers sleep on the three queues (armed doorbells): their enqueues notify.
+    db.execute(sql.SQL("INSERT INTO {}.worker_doorbells (queue, worker_id) VALUES ('q1', 'w'), ('q2', 'w'), "
+                       "('default', 'w')").format(target))
     try:
         db.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(hostile)))
-        # A shadowing table (the parent-wake-up UPDATE's target) and a shadowing pg_notify.
+        # A shadowing table (the parent-wake-up UPDATE's target), shadowing doorbells (none armed) and a
+        # shadowing pg_notify.
+        db.execute("CREATE TABLE worker_doorbells (queue text, worker_id text, armed boolean)")
         db.execute("CREATE TABLE workflow_executions (id text, status text, wait_reason text, wakeups bigint, "
                    "available_at timestamptz)")
         db.execute("CREATE TABLE calls (channel text, payload text)")

@@ -122,13 +122,13 @@ def test_an_execution_locked_by_a_send_while_the_worker_claims_is_still_claimed_
         return pgdurable.recv("orders")
 
     claims: list[int] = []
-    real = store.claim
+    real = store.claims.claim
 
     def counted(**params: Any) -> Any:
         call = real(**params)
         return dataclasses.replace(call, read=lambda rows: claims.append(len(rows)) or call.read(rows))
 
-    monkeypatch.setattr(store, "claim", counted)
+    monkeypatch.setattr(store.claims, "claim", counted)
     handle = app.enqueue(receiver, workflow_id="locked-1")
     with psycopg.connect(database_url) as conn:
         app.send("locked-1", "hello", topic="orders", conn=conn)  # in flight: it holds the execution's row

@@ -214,7 +214,8 @@ def test_a_batch_follows_indexes_on_large_tables(app: pgdurable.App, db: psycopg
     db.execute("UPDATE workflow_executions SET parent_id = 'big-' || (random() * 100)::int WHERE random() < 0.5")
     db.execute("ANALYZE workflow_executions, workflow_messages, workflow_events, operation_outputs, workflow_streams")
     cutoff = app.db.run(retention.cutoff(timedelta(days=30)))
-    call = retention.batch(cutoff, sorted(pgdurable.store.TERMINAL), 50)  # a batch: a small share of the rows
+    # a batch: a small share of the rows
+    call = retention.batch(cutoff, sorted(pgdurable.store.executions.TERMINAL), 50)
     plan = "\n".join(row[0] for row in db.execute("EXPLAIN " + query(call.name), call.params))
     assert "Seq Scan" not in plan, plan
     assert "workflow_messages_idempotency" in plan and "workflow_events_pkey" in plan, plan

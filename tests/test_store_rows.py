@@ -1,4 +1,4 @@
-"""store.py maps rows to objects by column name: every query read into a dataclass returns exactly columns
+"""store/ maps rows to objects by column name: every query read into a dataclass returns exactly columns
 named after its fields, so a column added to or moved in a query cannot silently shift the fields."""
 
 from __future__ import annotations
@@ -16,23 +16,23 @@ from pgdurable import monitoring, schedules, store
 
 def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
     return [
-        (store.enqueue(id="rows-1", name="w", queue="default", priority=0, input="{}", max_recoveries=5,
-                       delay=0.0), store.Enqueued),
-        (store.fork(source="nobody", id="rows-fork", from_step=0), store.Forked),
-        (store.find_enqueued(id="x", queue="default", dedup_key="k"), store.Enqueued),
-        (store.claim(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"), store.Claimed),
-        (store.claim_with_policy(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"),
-         store.Claimed),
-        (store.get_execution("rows-1"), store.Execution),
-        (store.list_executions(status=None, name=None, queue=None, limit=1), store.Execution),
-        (store.list_steps("rows-1"), store.Step),
-        (store.queue_policies(None), store.QueuePolicy),
-        (store.list_messages("rows-1"), store.Message),
-        (store.list_events("rows-1"), store.Event),
+        (store.executions.enqueue(id="rows-1", name="w", queue="default", priority=0, input="{}", max_recoveries=5,
+                                  delay=0.0), store.executions.Enqueued),
+        (store.executions.fork(source="nobody", id="rows-fork", from_step=0), store.executions.Forked),
+        (store.executions.find_enqueued(id="x", queue="default", dedup_key="k"), store.executions.Enqueued),
+        (store.claims.claim(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"), store.claims.Claimed),
+        (store.claims.claim_with_policy(queue="none", names=["w"], owner="o", lease=5, limit=1, version="v"),
+         store.claims.Claimed),
+        (store.executions.get_execution("rows-1"), store.executions.Execution),
+        (store.executions.list_executions(status=None, name=None, queue=None, limit=1), store.executions.Execution),
+        (store.checkpoints.list_steps("rows-1"), store.checkpoints.Step),
+        (store.queues.queue_policies(None), store.queues.QueuePolicy),
+        (store.messaging.list_messages("rows-1"), store.messaging.Message),
+        (store.messaging.list_events("rows-1"), store.messaging.Event),
         # The dashboard's and status's read models, and the schedules.
-        (store.queue_depths(), store.QueueDepth),
-        (store.sweep_expired(), store.Swept),
-        (store.fail_unrunnable(3600), store.Named),
+        (store.queues.queue_depths(), store.queues.QueueDepth),
+        (store.claims.sweep_expired(), store.claims.Swept),
+        (store.claims.fail_unrunnable(3600), store.claims.Named),
         (monitoring.workers(), monitoring.WorkerInfo),
         (monitoring.unrunnable(), monitoring.Unrunnable),
         (monitoring.list_page(monitoring.ListFilter()), monitoring.ListedExecution),
@@ -54,10 +54,10 @@ def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
 def _dict_calls() -> list[tuple[store.Call[Any], set[str]]]:
     """Calls read as dicts, with the columns their readers use."""
     return [
-        (store.wake_due(), {"woken", "next_due", "now"}),
-        (store.receive(id="rows-1", attempt=1, topic="t", step_id=1, step_name="recv", started_at=_T),
+        (store.claims.wake_due(), {"woken", "next_due", "now"}),
+        (store.messaging.receive(id="rows-1", attempt=1, topic="t", step_id=1, step_name="recv", started_at=_T),
          {"owned", "wakeups", "found", "message"}),
-        (store.awaited_status(id="rows-1", attempt=1, ids=["rows-1"]),
+        (store.children.awaited_status(id="rows-1", attempt=1, ids=["rows-1"]),
          {"wakeups", "id", "status", "output", "error", "is_child"}),
         (monitoring.queues(), {"queue", "ready", "delayed", "running", "stale", "oldest_ready_seconds",
                                "live_workers", "waiting", "overdue", *monitoring.WAIT_KINDS}),
@@ -81,7 +81,7 @@ def test_rows_read_as_dicts_have_the_columns_their_readers_use(db: psycopg.Conne
     for call, used in _dict_calls():
         assert call.row_factory is dict_row, call.name
         with db.cursor() as cur:
-            cur.execute(store._statement(call), call.params)
+            cur.execute(store.calls._statement(call), call.params)
             assert cur.description is not None
             columns = [column.name for column in cur.description]
         assert len(columns) == len(set(columns)), (call.name, columns)
@@ -91,7 +91,7 @@ def test_rows_read_as_dicts_have_the_columns_their_readers_use(db: psycopg.Conne
 def test_named_rows_match_their_dataclasses(db: psycopg.Connection[Any]) -> None:
     for call, cls in _calls():
         with db.cursor() as cur:
-            cur.execute(store._statement(call), call.params)
+            cur.execute(store.calls._statement(call), call.params)
             assert cur.description is not None
             columns = [column.name for column in cur.description]
         fields = [field.name for field in dataclasses.fields(cls)]
@@ -103,13 +103,13 @@ def test_named_rows_match_their_dataclasses(db: psycopg.Connection[Any]) -> None
 
 
 def test_rows_are_read_by_name(db: psycopg.Connection[Any]) -> None:
-    store.run(db, store.enqueue(id="rows-2", name="w", queue="q", priority=3, input='{"a": 1}',
-                                max_recoveries=2, delay=0.0))
-    execution = store.run(db, store.get_execution("rows-2"))
+    store.run(db, store.executions.enqueue(id="rows-2", name="w", queue="q", priority=3, input='{"a": 1}',
+                                           max_recoveries=2, delay=0.0))
+    execution = store.run(db, store.executions.get_execution("rows-2"))
     assert execution is not None
     assert (execution.id, execution.name, execution.queue, execution.status, execution.priority,
             execution.max_recoveries, execution.attempt) == ("rows-2", "w", "q", "enqueued", 3, 2, 0)
     # A column the dataclass does not know is an error, not a shifted field.
-    with db.cursor(row_factory=class_row(store.Enqueued)) as cur, pytest.raises(TypeError):
+    with db.cursor(row_factory=class_row(store.executions.Enqueued)) as cur, pytest.raises(TypeError):
         cur.execute("SELECT 'x' AS id, 'w' AS name, true AS created, 1 AS surprise")
         cur.fetchall()

@@ -247,22 +247,22 @@ def test_the_clock_jumps_only_when_nothing_can_happen_before_the_next_timer(
     clock.enable(db)
 
     def enqueue(ident: str, delay: float = 0.0, timeout: float | None = None) -> None:
-        store.run(db, store.enqueue(id=ident, name="w", queue="q", priority=0, input="{}", max_recoveries=5,
-                                    delay=delay, timeout=timeout))
+        store.run(db, store.executions.enqueue(id=ident, name="w", queue="q", priority=0, input="{}", max_recoveries=5,
+                                               delay=delay, timeout=timeout))
 
     def claim() -> list[Any]:
-        return store.run(db, store.claim(queue="q", names=["w"], owner="me", lease=30, limit=10, version="v"))
+        return store.run(db, store.claims.claim(queue="q", names=["w"], owner="me", lease=30, limit=10, version="v"))
 
     assert clock.skip_if_idle(db) is None  # no timer at all
     enqueue("later", delay=DAY)
     enqueue("now", timeout=3600.0)
-    store.run(db, store.register_worker(id="me", hostname="h", pid=1, queues=["q"], workflows=["w"],
-                                        concurrency=1, version="v"))
+    store.run(db, store.workers.register_worker(id="me", hostname="h", pid=1, queues=["q"], workflows=["w"],
+                                                concurrency=1, version="v"))
     assert clock.skip_if_idle(db) is None  # "now" is due, and a live worker can run it
     [running] = claim()
     assert clock.skip_if_idle(db) is None  # it runs
-    store.run(db, store.suspend(id=running.id, attempt=running.attempt, wake_at=None, reason="recv:x",
-                                wakeups=None))
+    store.run(db, store.claims.suspend(id=running.id, attempt=running.attempt, wake_at=None, reason="recv:x",
+                                       wakeups=None))
     # "now" waits for a message, with its deadline in an hour; "later" starts in a day: the deadline is next
     deadline = _execution_row(db, "now").deadline
     moved = clock.skip_if_idle(db)
@@ -273,14 +273,15 @@ def test_the_clock_jumps_only_when_nothing_can_happen_before_the_next_timer(
     [later] = claim()
     assert clock.skip_if_idle(db) is None  # "later" runs
     wake_at = clock.now(db) + timedelta(days=2)
-    store.run(db, store.suspend(id=later.id, attempt=later.attempt, wake_at=wake_at, reason="sleep", wakeups=None))
+    store.run(db, store.claims.suspend(id=later.id, attempt=later.attempt, wake_at=wake_at, reason="sleep",
+                                       wakeups=None))
     # Due, but no live worker knows its workflow: it does not hold time back (nothing would ever run it).
-    store.run(db, store.enqueue(id="unknown", name="nobody", queue="q", priority=0, input="{}", max_recoveries=5,
-                                delay=0.0, timeout=None))
+    store.run(db, store.executions.enqueue(id="unknown", name="nobody", queue="q", priority=0, input="{}",
+                                           max_recoveries=5, delay=0.0, timeout=None))
     assert clock.skip_if_idle(db) == wake_at
 
 
 def _execution_row(db: psycopg.Connection[Any], ident: str) -> Any:
-    found = store.run(db, store.get_execution(ident))
+    found = store.run(db, store.executions.get_execution(ident))
     assert found is not None
     return found

@@ -168,7 +168,7 @@ def test_only_an_awaited_execution_notifies_when_it_finishes(db: psycopg.Connect
                                                              done_channel: Callable[[], list[str]]) -> None:
     db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'alone')")
     db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'awaited')")
-    assert db.execute(_query(store.await_status("awaited").name), {"id": "awaited"}).fetchone() == (
+    assert db.execute(_query(store.executions.await_status("awaited").name), {"id": "awaited"}).fetchone() == (
         "enqueued", None, None)
     assert db.execute("SELECT execution_id FROM awaited_executions").fetchall() == [("awaited",)]
     finish(db, "alone")

@@ -106,7 +106,7 @@ class App(ScheduleCalls, BindingCalls):
         return self.runtime.completions
 
     @property
-    def queue_policies(self) -> dict[str, store.QueuePolicy]:
+    def queue_policies(self) -> dict[str, store.queues.QueuePolicy]:
         return self.runtime.queue_policies
 
     @property
@@ -317,57 +317,58 @@ class App(ScheduleCalls, BindingCalls):
     # Each query below is one store.Call (or a plan of them), run by db.run and, in the *_async form, by
     # db.arun: one implementation, two drivers.
 
-    def get(self, workflow_id: str) -> store.Execution | None:
+    def get(self, workflow_id: str) -> store.executions.Execution | None:
         """The execution's row, or None."""
-        return self.db.run(store.get_execution(workflow_id))
+        return self.db.run(store.executions.get_execution(workflow_id))
 
-    async def get_async(self, workflow_id: str) -> store.Execution | None:
-        return await self.db.arun(store.get_execution(workflow_id))
+    async def get_async(self, workflow_id: str) -> store.executions.Execution | None:
+        return await self.db.arun(store.executions.get_execution(workflow_id))
 
-    def steps(self, workflow_id: str) -> list[store.Step]:
+    def steps(self, workflow_id: str) -> list[store.checkpoints.Step]:
         """Its recorded steps, in order."""
-        return self.db.run(store.list_steps(workflow_id))
+        return self.db.run(store.checkpoints.list_steps(workflow_id))
 
-    async def steps_async(self, workflow_id: str) -> list[store.Step]:
-        return await self.db.arun(store.list_steps(workflow_id))
+    async def steps_async(self, workflow_id: str) -> list[store.checkpoints.Step]:
+        return await self.db.arun(store.checkpoints.list_steps(workflow_id))
 
     def list_workflows(self, *, status: str | None = None, name: str | None = None, queue: str | None = None,
-                       tags: dict[str, str] | None = None, limit: int = 50) -> list[store.Execution]:
+                       tags: dict[str, str] | None = None, limit: int = 50) -> list[store.executions.Execution]:
         """The newest executions, filtered. ``tags``: those whose tags include all of these (searched along
         an index, whatever the number of executions)."""
         return self.db.run(self._list_call(status, name, queue, tags, limit))
 
     async def list_workflows_async(self, *, status: str | None = None, name: str | None = None,
                                    queue: str | None = None, tags: dict[str, str] | None = None,
-                                   limit: int = 50) -> list[store.Execution]:
+                                   limit: int = 50) -> list[store.executions.Execution]:
         return await self.db.arun(self._list_call(status, name, queue, tags, limit))
 
     def _list_call(self, status: str | None, name: str | None, queue: str | None, tags: dict[str, str] | None,
-                   limit: int) -> store.Call[list[store.Execution]]:
+                   limit: int) -> store.Call[list[store.executions.Execution]]:
         wanted = enqueue.tags_text(tags)
         if wanted is not None:
-            return store.list_executions_by_tags(tags=wanted, status=status, name=name, queue=queue, limit=limit)
-        return store.list_executions(status=status, name=name, queue=queue, limit=limit)
+            return store.executions.list_executions_by_tags(tags=wanted, status=status, name=name, queue=queue,
+                                                            limit=limit)
+        return store.executions.list_executions(status=status, name=name, queue=queue, limit=limit)
 
     def cancel(self, workflow_id: str) -> bool:
         """Cancel an enqueued or running execution. A running one stops at its next step."""
-        return self.db.run(store.cancel(workflow_id))
+        return self.db.run(store.executions.cancel(workflow_id))
 
     async def cancel_async(self, workflow_id: str) -> bool:
-        return await self.db.arun(store.cancel(workflow_id))
+        return await self.db.arun(store.executions.cancel(workflow_id))
 
     def resume(self, workflow_id: str) -> bool:
         """Re-enqueue a failed or cancelled execution. Completed steps are kept; a failed step runs again."""
-        return self.db.run(store.resume(workflow_id))
+        return self.db.run(store.executions.resume(workflow_id))
 
     async def resume_async(self, workflow_id: str) -> bool:
-        return await self.db.arun(store.resume(workflow_id))
+        return await self.db.arun(store.executions.resume(workflow_id))
 
     # -- queue policies -----------------------------------------------------------------------------------
 
     def queue(self, name: str, *, concurrency: int | None = None, worker_concurrency: int | None = None,
               rate_limit: int | None = None, rate_period: float | None = None,
-              key_concurrency: int | None = None) -> store.QueuePolicy:
+              key_concurrency: int | None = None) -> store.queues.QueuePolicy:
         """Declare a queue's limits, enforced in SQL across every worker: ``concurrency`` running at once
         in all, ``worker_concurrency`` per worker process, ``rate_limit`` starts per ``rate_period``
         seconds, ``key_concurrency`` running per ``concurrency_key``. Stored when a worker of this app
@@ -382,7 +383,8 @@ class App(ScheduleCalls, BindingCalls):
             raise ValueError(f"queue {name!r}: give rate_limit and a positive rate_period together")
         if rate_period is not None:
             rate_period = limits.rate_period(rate_period)
-        policy = store.QueuePolicy(name, concurrency, worker_concurrency, rate_limit, rate_period, key_concurrency)
+        policy = store.queues.QueuePolicy(name, concurrency, worker_concurrency, rate_limit, rate_period,
+                                          key_concurrency)
         self.queue_policies[name] = policy
         return policy
 
@@ -395,7 +397,7 @@ class App(ScheduleCalls, BindingCalls):
 
     def _store_policies(self) -> CallPlan[None]:
         for policy in list(self.queue_policies.values()):
-            yield store.set_queue_policy(policy)
+            yield store.queues.set_queue_policy(policy)
 
     def fork(self, workflow_id: str, from_step: int, *, new_workflow_id: str | None = None) -> WorkflowHandle[Any]:
         """A new execution of the same workflow and input that reuses the recorded outputs of steps before
@@ -408,10 +410,10 @@ class App(ScheduleCalls, BindingCalls):
 
     def children(self, workflow_id: str) -> list[tuple[Any, ...]]:
         """(id, name, status, created_at, completed_at) of the workflows this one started."""
-        return self.db.run(store.list_children(workflow_id))
+        return self.db.run(store.children.list_children(workflow_id))
 
     async def children_async(self, workflow_id: str) -> list[tuple[Any, ...]]:
-        return await self.db.arun(store.list_children(workflow_id))
+        return await self.db.arun(store.children.list_children(workflow_id))
 
     # -- messages and events ------------------------------------------------------------------------------
 
@@ -429,7 +431,7 @@ class App(ScheduleCalls, BindingCalls):
             if conn is not None:
                 driver = sync_driver_connection(conn)
                 self.db.ensure_schema()  # on our own connection, not in the caller's transaction
-                return store.run(driver, store.send_message_in_transaction(call, self.schema))
+                return store.run(driver, store.messaging.send_message_in_transaction(call, self.schema))
             return self.db.run(call)
 
     async def send_async(self, workflow_id: str, message: Any, *, topic: str | None = None,
@@ -443,13 +445,13 @@ class App(ScheduleCalls, BindingCalls):
             if conn is not None:
                 driver = await async_driver_connection(conn)
                 await asyncio.to_thread(self.db.ensure_schema)
-                return await store.arun(driver, store.send_message_in_transaction(call, self.schema))
+                return await store.arun(driver, store.messaging.send_message_in_transaction(call, self.schema))
             return await self.db.arun(call)
 
     def _send_call(self, workflow_id: str, message: Any, topic: str | None,
                    idempotency_key: str | None) -> store.Call[bool]:
-        return store.send_message(destination=workflow_id, message=self.serializer.dumps(message),
-                                  topic=topic or "", key=idempotency_key)
+        return store.messaging.send_message(destination=workflow_id, message=self.serializer.dumps(message),
+                                            topic=topic or "", key=idempotency_key)
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The latest value workflow ``workflow_id`` published under ``key``; waits up to ``timeout`` seconds
@@ -460,12 +462,12 @@ class App(ScheduleCalls, BindingCalls):
     async def get_event_async(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         return await events.get_event_async(self.runtime, workflow_id, key, timeout)
 
-    def events(self, workflow_id: str) -> list[store.Event]:
+    def events(self, workflow_id: str) -> list[store.messaging.Event]:
         """Every value the workflow published, by key then in order (values decoded)."""
-        return self._decoded_events(self.db.run(store.list_events(workflow_id)))
+        return self._decoded_events(self.db.run(store.messaging.list_events(workflow_id)))
 
-    async def events_async(self, workflow_id: str) -> list[store.Event]:
-        return self._decoded_events(await self.db.arun(store.list_events(workflow_id)))
+    async def events_async(self, workflow_id: str) -> list[store.messaging.Event]:
+        return self._decoded_events(await self.db.arun(store.messaging.list_events(workflow_id)))
 
     def read_stream(self, workflow_id: str, key: str) -> Iterator[Any]:
         """The values workflow ``workflow_id`` writes to its stream ``key`` (``pgdurable.write_stream``), in
@@ -477,24 +479,24 @@ class App(ScheduleCalls, BindingCalls):
         """``read_stream`` as an async iterator: ``async for value in app.read_stream_async(id, key)``."""
         return streams.read_stream_async(self.runtime, workflow_id, key)
 
-    def streams(self, workflow_id: str) -> list[store.Stream]:
+    def streams(self, workflow_id: str) -> list[store.messaging.Stream]:
         """The workflow's streams: each key, its number of values, and whether it is closed."""
-        return self.db.run(store.list_streams(workflow_id))
+        return self.db.run(store.messaging.list_streams(workflow_id))
 
-    async def streams_async(self, workflow_id: str) -> list[store.Stream]:
-        return await self.db.arun(store.list_streams(workflow_id))
+    async def streams_async(self, workflow_id: str) -> list[store.messaging.Stream]:
+        return await self.db.arun(store.messaging.list_streams(workflow_id))
 
-    def messages(self, workflow_id: str) -> list[store.Message]:
+    def messages(self, workflow_id: str) -> list[store.messaging.Message]:
         """Messages sent to the workflow, consumed or not, in the order sent (decoded)."""
-        return self._decoded_messages(self.db.run(store.list_messages(workflow_id)))
+        return self._decoded_messages(self.db.run(store.messaging.list_messages(workflow_id)))
 
-    async def messages_async(self, workflow_id: str) -> list[store.Message]:
-        return self._decoded_messages(await self.db.arun(store.list_messages(workflow_id)))
+    async def messages_async(self, workflow_id: str) -> list[store.messaging.Message]:
+        return self._decoded_messages(await self.db.arun(store.messaging.list_messages(workflow_id)))
 
-    def _decoded_events(self, rows: list[store.Event]) -> list[store.Event]:
+    def _decoded_events(self, rows: list[store.messaging.Event]) -> list[store.messaging.Event]:
         return [dataclasses.replace(e, value=self.serializer.loads(e.value, Any)) for e in rows]
 
-    def _decoded_messages(self, rows: list[store.Message]) -> list[store.Message]:
+    def _decoded_messages(self, rows: list[store.messaging.Message]) -> list[store.messaging.Message]:
         return [dataclasses.replace(m, message=self.serializer.loads(m.message, Any)) for m in rows]
 
     @property
@@ -502,14 +504,14 @@ class App(ScheduleCalls, BindingCalls):
         """The application version this app's workers stamp on the executions they start."""
         return self.runtime.version
 
-    def versions(self) -> list[store.AppVersion]:
+    def versions(self) -> list[store.versions.AppVersion]:
         """Every application version with unfinished executions or live workers: its unfinished executions
         by status (``parked``: waiting for a worker whose code replays their history, apart from
         ``waiting``) and its live workers."""
-        return self.db.run(store.app_versions())
+        return self.db.run(store.versions.app_versions())
 
-    async def versions_async(self) -> list[store.AppVersion]:
-        return await self.db.arun(store.app_versions())
+    async def versions_async(self) -> list[store.versions.AppVersion]:
+        return await self.db.arun(store.versions.app_versions())
 
     def migrate_version(self, old: str, new: str) -> int:
         """Move the unfinished executions of version ``old`` to version ``new`` (its workers resume them) and
@@ -521,7 +523,7 @@ class App(ScheduleCalls, BindingCalls):
     async def migrate_version_async(self, old: str, new: str) -> int:
         return await self.db.arun(_migrate_version_call(old, new))
 
-    def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
+    def cleanup(self, older_than: timedelta | float, statuses: Iterable[str] = store.executions.TERMINAL, *,
                 batch_size: int = 1000) -> int:
         """Delete finished executions (and their steps) created and finished more than ``older_than`` ago
         (a timedelta, or seconds), in batches of ``batch_size`` that never block workers. Returns how many
@@ -530,7 +532,7 @@ class App(ScheduleCalls, BindingCalls):
 
         return cleanup(self.db, older_than, statuses, batch_size=batch_size).executions
 
-    async def cleanup_async(self, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
+    async def cleanup_async(self, older_than: timedelta | float, statuses: Iterable[str] = store.executions.TERMINAL, *,
                             batch_size: int = 1000) -> int:
         # Batches in a loop with progress callbacks: the sync implementation, on a thread.
         return await asyncio.to_thread(self.cleanup, older_than, statuses, batch_size=batch_size)
@@ -569,7 +571,7 @@ class App(ScheduleCalls, BindingCalls):
 def _migrate_version_call(old: str, new: str) -> store.Call[int]:
     if not old or not new:
         raise ValueError(f"migrate_version needs two non-empty versions (got {old!r} and {new!r})")
-    return store.migrate_app_version(old=old, new=new)
+    return store.versions.migrate_app_version(old=old, new=new)
 
 
 @contextlib.contextmanager

@@ -245,7 +245,7 @@ class _Plan:
         self.batch = batch
         self.writes = [(item, waiter) for item, waiter in batch if not isinstance(item, Statement)]
         self.statements = [(item, waiter) for item, waiter in batch if isinstance(item, Statement)]
-        self.written: set[store.WriteKey] = set()
+        self.written: set[store.checkpoints.WriteKey] = set()
         self.refused: dict[int, BaseException] = {}
         self.outcomes: dict[int, tuple[Any, BaseException | None]] = {}
         self.failure: BaseException | None = None
@@ -291,22 +291,22 @@ class _Plan:
         self.failure = None
 
     def _write(self, conn: psycopg.Connection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
-        calls, written = _write_calls(writes), set[store.WriteKey]()
+        calls, written = _write_calls(writes), set[store.checkpoints.WriteKey]()
         if len(calls) > 1:
             with conn.transaction():  # both kinds: still one commit
                 for call in calls:
-                    rows: set[store.WriteKey] = store.run(conn, call)
+                    rows: set[store.checkpoints.WriteKey] = store.run(conn, call)
                     written.update(rows)
         elif calls:
             written = store.run(conn, calls[0])
         self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
 
     async def _awrite(self, conn: psycopg.AsyncConnection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
-        calls, written = _write_calls(writes), set[store.WriteKey]()
+        calls, written = _write_calls(writes), set[store.checkpoints.WriteKey]()
         if len(calls) > 1:
             async with conn.transaction():
                 for call in calls:
-                    rows: set[store.WriteKey] = await store.arun(conn, call)
+                    rows: set[store.checkpoints.WriteKey] = await store.arun(conn, call)
                     written.update(rows)
         elif calls:
             written = await store.arun(conn, calls[0])
@@ -364,14 +364,14 @@ class _Plan:
                 loop.call_soon_threadsafe(_settle_futures, on_loop)
 
 
-def _write_calls(writes: Sequence[tuple[Item, Waiter]]) -> list[store.Call[set[store.WriteKey]]]:
+def _write_calls(writes: Sequence[tuple[Item, Waiter]]) -> list[store.Call[set[store.checkpoints.WriteKey]]]:
     steps = [_step_row(item) for item, _ in writes if isinstance(item, StepWrite)]
     done = [_completion_row(item) for item, _ in writes if isinstance(item, Completion)]
     calls = []
     if steps:
-        calls.append(store.write_steps("[" + ",".join(steps) + "]"))
+        calls.append(store.checkpoints.write_steps("[" + ",".join(steps) + "]"))
     if done:
-        calls.append(store.write_completions("[" + ",".join(done) + "]"))
+        calls.append(store.checkpoints.write_completions("[" + ",".join(done) + "]"))
     return calls
 
 

@@ -47,8 +47,8 @@ class WorkflowHandle(Generic[R]):
     def status(self) -> str:
         return self.get().status
 
-    def get(self) -> store.Execution:
-        execution = self.runtime.db.run(store.get_execution(self.workflow_id))
+    def get(self) -> store.executions.Execution:
+        execution = self.runtime.db.run(store.executions.get_execution(self.workflow_id))
         if execution is None:
             raise WorkflowNotFound(self.workflow_id)
         return execution
@@ -65,15 +65,15 @@ class WorkflowHandle(Generic[R]):
         return self._decode(wait_sync(self.runtime.db, self.runtime.completions, self._finished(timeout)))
 
     def cancel(self) -> bool:
-        return self.runtime.db.run(store.cancel(self.workflow_id))
+        return self.runtime.db.run(store.executions.cancel(self.workflow_id))
 
     # -- async --------------------------------------------------------------------------------------------
 
     async def status_async(self) -> str:
         return (await self.get_async()).status
 
-    async def get_async(self) -> store.Execution:
-        execution = await self.runtime.db.arun(store.get_execution(self.workflow_id))
+    async def get_async(self) -> store.executions.Execution:
+        execution = await self.runtime.db.arun(store.executions.get_execution(self.workflow_id))
         if execution is None:
             raise WorkflowNotFound(self.workflow_id)
         return execution
@@ -85,7 +85,7 @@ class WorkflowHandle(Generic[R]):
         return self._decode(await wait_async(self.runtime.db, self.runtime.completions, self._finished(timeout)))
 
     async def cancel_async(self) -> bool:
-        return await self.runtime.db.arun(store.cancel(self.workflow_id))
+        return await self.runtime.db.arun(store.executions.cancel(self.workflow_id))
 
     # -- shared -------------------------------------------------------------------------------------------
 
@@ -98,9 +98,9 @@ class WorkflowHandle(Generic[R]):
         if not self._is_final(outcome):
             yield Listen(self.workflow_id)
             # The second look registers the execution as awaited: only then does its completion notify.
-            look = store.await_status
+            look = store.executions.await_status
             while not self._is_final(outcome := (yield from self._status(deadline, look))):
-                look = store.get_status
+                look = store.executions.get_status
                 if deadline is not None and deadline - time.monotonic() <= 0:
                     raise ResultTimeout((yield from self._timeout_message(timeout)))
                 yield Nap(self._wait_time(deadline))
@@ -111,7 +111,7 @@ class WorkflowHandle(Generic[R]):
         """Why the wait timed out, saying so when no live worker could have run it (a queue nobody serves)."""
         message = f"workflow {self.workflow_id} did not finish within {timeout:g} s"
         try:
-            found: store.Unserved | None = yield store.unserved(self.workflow_id)
+            found: store.executions.Unserved | None = yield store.executions.unserved(self.workflow_id)
         except psycopg.Error:
             found = None
         if found is None or found.status != "enqueued" or (found.served and found.known):
@@ -122,7 +122,7 @@ class WorkflowHandle(Generic[R]):
         return (f"{message}: it is enqueued, and no live worker on queue {found.queue!r} knows workflow "
                 f"{found.name!r}; it runs when one does")
 
-    def _status(self, deadline: float | None, look: Callable[[str], store.Call[Status]] = store.get_status,
+    def _status(self, deadline: float | None, look: Callable[[str], store.Call[Status]] = store.executions.get_status,
                 ) -> Generator[Any, Any, Status]:
         """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
         workflow's outcome: the pool replaces the connection, and the wait goes on until the deadline."""
@@ -141,7 +141,7 @@ class WorkflowHandle(Generic[R]):
     def _is_final(self, outcome: tuple[Any, ...] | None) -> bool:
         if outcome is None:
             raise WorkflowNotFound(self.workflow_id)
-        return outcome[0] in store.TERMINAL
+        return outcome[0] in store.executions.TERMINAL
 
     def _wait_time(self, deadline: float | None) -> float:
         if deadline is None:

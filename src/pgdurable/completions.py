@@ -1,5 +1,6 @@
 """Waking those who wait outside workflows (for a result, for an event): one LISTEN connection per
-application, so that a wait ends on NOTIFY rather than a poll; and the two drivers of such waits."""
+application, so that a wait ends on NOTIFY rather than a poll; and the two drivers of such waits (and of
+reads, which hand values out as they wait)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -95,7 +96,9 @@ def event_key(execution_id: str) -> str:
 # ---- waiting outside workflows: one plan, two drivers ---------------------------------------------------------
 # A wait for something another process finishes (a result, an event) is written once as a plan that yields
 # store.Calls (read the database), Listen (subscribe to its notifications), Nap (sleep until notified or
-# the time is up) and Pause (back off after a lost connection); wait_sync and wait_async run it.
+# the time is up) and Pause (back off after a lost connection); wait_sync and wait_async run it. A reader of
+# what another process writes as it goes (a stream) is such a plan too, that also yields Emit (values for its
+# reader): read_sync and read_async run it, handing those values out; the waits are reads that emit nothing.
 
 @dataclass(frozen=True, slots=True)
 class Listen:
@@ -107,20 +110,45 @@ class Nap:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Emit:
+    values: list[Any]
+
+
 def wait_sync(db: Database, listener: CompletionListener, plan: Generator[Any, Any, T]) -> T:
+    outcome: list[T] = []
+    for _ in read_sync(db, listener, _kept(plan, outcome)):
+        pass
+    return outcome[0]
+
+
+async def wait_async(db: Database, listener: CompletionListener, plan: Generator[Any, Any, T]) -> T:
+    outcome: list[T] = []
+    async for _ in read_async(db, listener, _kept(plan, outcome)):
+        pass
+    return outcome[0]
+
+
+def _kept(plan: Generator[Any, Any, T], outcome: list[T]) -> Generator[Any, Any, None]:
+    outcome.append((yield from plan))
+
+
+def read_sync(db: Database, listener: CompletionListener, plan: Generator[Any, Any, Any]) -> Iterator[Any]:
     woken = threading.Event()
-    unsubscribe: Callable[[], None] | None = None
+    unsubscribes: list[Callable[[], None]] = []
     result: Any = None
     error: BaseException | None = None
     try:
         while True:
             try:
                 effect = plan.throw(error) if error is not None else plan.send(result)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+            except StopIteration:
+                return
             result, error = None, None
-            if isinstance(effect, Listen):
-                unsubscribe = listener.subscribe(effect.key, woken.set)
+            if isinstance(effect, Emit):
+                yield from effect.values
+            elif isinstance(effect, Listen):
+                unsubscribes.append(listener.subscribe(effect.key, woken.set))
             elif isinstance(effect, Nap):
                 woken.wait(effect.seconds)
                 woken.clear()
@@ -132,29 +160,33 @@ def wait_sync(db: Database, listener: CompletionListener, plan: Generator[Any, A
                 except Exception as exc:
                     error = exc
     finally:
-        if unsubscribe is not None:
-            unsubscribe()
+        _unsubscribe(unsubscribes)
 
 
-async def wait_async(db: Database, listener: CompletionListener, plan: Generator[Any, Any, T]) -> T:
+async def read_async(db: Database, listener: CompletionListener,
+                     plan: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
-    unsubscribe: Callable[[], None] | None = None
+    unsubscribes: list[Callable[[], None]] = []
     result: Any = None
     error: BaseException | None = None
 
     def wake() -> None:
-        loop.call_soon_threadsafe(woken.set)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(woken.set)
 
     try:
         while True:
             try:
                 effect = plan.throw(error) if error is not None else plan.send(result)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+            except StopIteration:
+                return
             result, error = None, None
-            if isinstance(effect, Listen):
-                unsubscribe = await asyncio.to_thread(listener.subscribe, effect.key, wake)
+            if isinstance(effect, Emit):
+                for value in effect.values:
+                    yield value
+            elif isinstance(effect, Listen):
+                unsubscribes.append(await asyncio.to_thread(listener.subscribe, effect.key, wake))
             elif isinstance(effect, Nap):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), effect.seconds)
@@ -167,5 +199,9 @@ async def wait_async(db: Database, listener: CompletionListener, plan: Generator
                 except Exception as exc:
                     error = exc
     finally:
-        if unsubscribe is not None:
-            unsubscribe()
+        _unsubscribe(unsubscribes)
+
+
+def _unsubscribe(unsubscribes: list[Callable[[], None]]) -> None:
+    for unsubscribe in unsubscribes:
+        unsubscribe()

@@ -38,7 +38,7 @@ class ExecutionContext:
     """One attempt of one execution, as run by one worker."""
 
     def __init__(self, *, execution_id: str, workflow_name: str, attempt: int,
-                 recorded: dict[int, store.RecordedStep], serializer: Serializer,
+                 recorded: dict[int, store.checkpoints.RecordedStep], serializer: Serializer,
                  batcher: WriteBatcher, loop: asyncio.AbstractEventLoop, db_now: datetime | None = None,
                  on_suspend: Callable[[datetime | None], None] | None = None,
                  observers: Any = None) -> None:
@@ -66,7 +66,7 @@ class ExecutionContext:
 
     # -- replay -------------------------------------------------------------------------------------------
 
-    def begin_step(self, step_name: str) -> tuple[int, store.RecordedStep | None]:
+    def begin_step(self, step_name: str) -> tuple[int, store.checkpoints.RecordedStep | None]:
         """Take the next step ordinal; return it with the recorded outcome if this step already ran."""
         if self.mismatch is not None:
             raise NonDeterminismError(self.mismatch)
@@ -95,7 +95,7 @@ class ExecutionContext:
                                  f"recorded history has {last + 1}")
         return self.mismatch
 
-    def replay(self, recorded: store.RecordedStep, return_hint: Any) -> Any:
+    def replay(self, recorded: store.checkpoints.RecordedStep, return_hint: Any) -> Any:
         if recorded.error is not None:
             raise failures.rebuild(json.loads(recorded.error))
         return self.serializer.loads(recorded.output or "null", return_hint)
@@ -128,7 +128,7 @@ class ExecutionContext:
         """The database's clock, estimated from the claim: never this machine's clock, which may be off."""
         return datetime.fromtimestamp(time.time() + self._clock_offset, UTC)
 
-    def peek_step(self) -> tuple[int, store.RecordedStep | None]:
+    def peek_step(self) -> tuple[int, store.checkpoints.RecordedStep | None]:
         """The next step ordinal and its record, without taking it."""
         return self._next_step, self.recorded.get(self._next_step)
 

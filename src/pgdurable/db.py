@@ -30,14 +30,14 @@ def configure(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
     register_loaders(conn.adapters)
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
-    store.remember_schema(conn, schema)
+    store.calls.remember_schema(conn, schema)
 
 
 async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
     register_loaders(conn.adapters)
     await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
-    store.remember_schema(conn, schema)
+    store.calls.remember_schema(conn, schema)
 
 
 # A worker's own connections run only the engine's hot statements (claims, checkpoints, completions,

@@ -64,7 +64,7 @@ class Request:
             raise ValueError("a debounced enqueue takes no workflow_id, dedup_key or delay: the burst decides "
                              "its execution's id and start")
         self.runtime, self.hint, self.on_duplicate = runtime, hint, on_duplicate
-        self.call = store.enqueue(
+        self.call = store.executions.enqueue(
             id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
             priority=default_priority if priority is None else priority, input=input_text,
             max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
@@ -85,18 +85,18 @@ class Request:
 
     def in_transaction(self) -> store.Call[str]:
         """On the caller's connection, in its transaction, through the SQL function."""
-        return store.enqueue_in_transaction(self.call, self.runtime.schema)
+        return store.executions.enqueue_in_transaction(self.call, self.runtime.schema)
 
-    def plan(self) -> CallPlan[store.Enqueued | None]:
+    def plan(self) -> CallPlan[store.executions.Enqueued | None]:
         """The insert; if it created nothing, what holds the id or the dedup key instead."""
         enqueued = yield self.call
         if enqueued is None:
             params = self.call.params
-            enqueued = yield store.find_enqueued(id=params["id"], queue=params["queue"],
-                                                 dedup_key=params["dedup_key"])
+            enqueued = yield store.executions.find_enqueued(id=params["id"], queue=params["queue"],
+                                                            dedup_key=params["dedup_key"])
         return enqueued  # type: ignore[no-any-return]
 
-    def handle(self, enqueued: store.Enqueued | None) -> WorkflowHandle[Any]:
+    def handle(self, enqueued: store.executions.Enqueued | None) -> WorkflowHandle[Any]:
         runtime, call = self.runtime, self.call
         workflow_id, name, dedup_key = call.params["id"], call.params["name"], call.params["dedup_key"]
         if enqueued is None:  # what held the id or key finished and was deleted in between: never silently
@@ -212,7 +212,7 @@ class Bulk:
                     where = errors[0]["loc"]
                     error = definition.argument_error({**errors[0], "loc": where[2:]}, chunk[where[0]]["input"])
                     raise type(error)(f"enqueue_many item {i + where[0]}: {error}")
-            self.calls.append(store.enqueue_many(
+            self.calls.append(store.executions.enqueue_many(
                 rows=rows, name=definition.name, queue=queue or definition.queue,
                 priority=definition.priority if priority is None else priority,
                 max_recoveries=runtime.settings.max_recoveries if definition.max_recoveries is None
@@ -238,7 +238,7 @@ def enqueue_many(bulk: Bulk) -> list[WorkflowHandle[Any]]:
             rows: set[str] = store.run(conn, call)
             created.update(rows)
         missing = bulk.missing(created)
-        existing = store.run(conn, store.names_of(missing)) if missing else {}
+        existing = store.run(conn, store.executions.names_of(missing)) if missing else {}
         return bulk.handles(existing)  # inside the transaction: a clash rolls everything back
 
 
@@ -250,7 +250,7 @@ async def enqueue_many_async(bulk: Bulk) -> list[WorkflowHandle[Any]]:
             rows: set[str] = await store.arun(conn, call)
             created.update(rows)
         missing = bulk.missing(created)
-        existing = await store.arun(conn, store.names_of(missing)) if missing else {}
+        existing = await store.arun(conn, store.executions.names_of(missing)) if missing else {}
         return bulk.handles(existing)
 
 
@@ -275,9 +275,10 @@ class Fork:
         if new_workflow_id is not None:
             limits.workflow_id(new_workflow_id)
         self.runtime, self.source, self.from_step = runtime, workflow_id, from_step
-        self.call = store.fork(source=workflow_id, id=new_workflow_id or str(uuid.uuid4()), from_step=from_step)
+        self.call = store.executions.fork(source=workflow_id, id=new_workflow_id or str(uuid.uuid4()),
+                                          from_step=from_step)
 
-    def handle(self, forked: store.Forked) -> WorkflowHandle[Any]:
+    def handle(self, forked: store.executions.Forked) -> WorkflowHandle[Any]:
         if not forked.source_found:
             raise WorkflowNotFound(self.source)
         if forked.id is None or forked.name is None:

@@ -62,7 +62,7 @@ async def _wait_async(runtime: Runtime, execution_id: str, key: str, timeout: fl
 def _published(execution_id: str, key: str, timeout: float | None) -> Generator[Any, Any, str | None]:
     """The event's latest value, waiting up to ``timeout`` for a first one (one plan, both drivers)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    call = store.get_event(id=execution_id, key=key)
+    call = store.messaging.get_event(id=execution_id, key=key)
     found: str | None = yield call
     if found is not None or not timeout:
         return found

@@ -53,7 +53,7 @@ class Start:
         input_text = definition.encode_arguments(runtime.serializer, args, kwargs)
         self.runtime, self.local, self.definition = runtime, local, definition
         self.trace = runtime.trace()
-        self.call = store.start_owned(
+        self.call = store.claims.start_owned(
             id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
             priority=definition.priority if priority is None else priority, input=input_text,
             max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
@@ -61,13 +61,13 @@ class Start:
             timeout=timeout_seconds if timeout_seconds is not None else definition.timeout_seconds,
             version=runtime.version, trace=self.trace, tags=tags_json)
 
-    def claimed(self, row: tuple[Any, ...] | None) -> store.Claimed | None:
+    def claimed(self, row: tuple[Any, ...] | None) -> store.claims.Claimed | None:
         """The execution to run here, or None (its queue has limits: it was enqueued for a worker)."""
         assert row is not None
         execution_id, name, _, attempt, stored_input, db_now, owned = row
         if name != self.definition.name:
             raise WorkflowIdConflict(f"workflow id {execution_id!r} already belongs to {name!r}")
-        return store.Claimed(execution_id, name, attempt, stored_input, db_now) if owned else None
+        return store.claims.Claimed(execution_id, name, attempt, stored_input, db_now) if owned else None
 
     def handle(self, row: tuple[Any, ...] | None) -> WorkflowHandle[Any]:
         assert row is not None

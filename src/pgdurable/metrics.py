@@ -88,7 +88,7 @@ class _DatabaseCollector(Collector):
                                   labels=["queue", "status"])
         age = GaugeMetricFamily("pgdurable_queue_oldest_enqueued_seconds",
                                 "Age of the oldest enqueued execution per queue", labels=["queue"])
-        for row in self.app.db.run(store.queue_depths()):
+        for row in self.app.db.run(store.queues.queue_depths()):
             depth.add_metric([row.queue, row.status], row.count)
             if row.status == "enqueued" and row.oldest_seconds is not None:
                 age.add_metric([row.queue], row.oldest_seconds)

@@ -480,11 +480,11 @@ def events_history(execution_id: str, limit: int = MAX_EVENTS,
                       row_factory=dict_row)
 
 
-def stream_keys(execution_id: str, limit: int = MAX_STREAMS) -> store.Call[list[store.Stream]]:
-    return store.list_streams(execution_id, limit)
+def stream_keys(execution_id: str, limit: int = MAX_STREAMS) -> store.Call[list[store.messaging.Stream]]:
+    return store.messaging.list_streams(execution_id, limit)
 
 
-def stream_values(execution_id: str, stream: store.Stream, limit: int = MAX_STREAM_VALUES,
+def stream_values(execution_id: str, stream: store.messaging.Stream, limit: int = MAX_STREAM_VALUES,
                   preview: int = STEP_PREVIEW) -> store.Call[StreamInfo]:
     def read(rows: list[dict[str, Any]]) -> StreamInfo:
         return StreamInfo(stream.key, stream.values, stream.closed, stream.last_at,

@@ -45,8 +45,8 @@ def workflow_context(what: str) -> ExecutionContext:
 
 def _suspend(ctx: ExecutionContext, wake_at: datetime | None, reason: str, wakeups: int | None) -> Plan:
     """Suspend the execution and unwind, or return when a wake-up arrived since ``wakeups`` was read."""
-    done = yield store.suspend(id=ctx.execution_id, attempt=ctx.attempt, wake_at=wake_at, reason=reason,
-                               wakeups=wakeups)
+    done = yield store.claims.suspend(id=ctx.execution_id, attempt=ctx.attempt, wake_at=wake_at, reason=reason,
+                                      wakeups=wakeups)
     if done:
         ctx.suspended(wake_at)
         raise Suspended(ctx.execution_id)
@@ -88,9 +88,9 @@ def recv_plan(ctx: ExecutionContext, topic: str, timeout: float | None) -> Plan:
         return ctx.replay(recorded, Any)
     started = ctx.db_now()
     while True:
-        got: store.Received = yield store.receive(id=ctx.execution_id, attempt=ctx.attempt, topic=topic,
-                                                  step_id=step_id, step_name="pgdurable.recv",
-                                                  started_at=started)
+        got: store.messaging.Received = yield store.messaging.receive(
+            id=ctx.execution_id, attempt=ctx.attempt, topic=topic, step_id=step_id, step_name="pgdurable.recv",
+            started_at=started)
         if not got.owned:
             raise ctx.lease_lost("receiving a message")
         if got.found:
@@ -106,9 +106,9 @@ def set_event_plan(ctx: ExecutionContext, key: str, value: Any) -> Plan:
     if recorded is not None:
         return
     text = ctx.serializer.dumps(value)
-    published = yield store.set_event(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
-                                      step_name="pgdurable.set_event", started_at=ctx.db_now(), key=key,
-                                      value=text)
+    published = yield store.messaging.set_event(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
+                                                step_name="pgdurable.set_event", started_at=ctx.db_now(), key=key,
+                                                value=text)
     if not published:
         raise ctx.lease_lost(f"publishing event {key!r}")
 
@@ -121,8 +121,9 @@ def set_tags_plan(ctx: ExecutionContext, tags: dict[str, str]) -> Plan:
     step_id, recorded = ctx.begin_step("pgdurable.set_tags")
     if recorded is not None:
         return
-    written = yield store.set_tags(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
-                                   step_name="pgdurable.set_tags", started_at=ctx.db_now(), tags=json.dumps(checked))
+    written = yield store.messaging.set_tags(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
+                                             step_name="pgdurable.set_tags", started_at=ctx.db_now(),
+                                             tags=json.dumps(checked))
     if not written:
         raise ctx.lease_lost("setting tags")
 
@@ -136,8 +137,8 @@ def write_stream_plan(ctx: ExecutionContext, key: str, value: Any, close: bool) 
     if recorded is not None:
         return
     text = None if close else ctx.serializer.dumps(value)
-    written = yield store.write_stream(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id, step_name=name,
-                                       started_at=ctx.db_now(), key=key, value=text)
+    written = yield store.messaging.write_stream(id=ctx.execution_id, attempt=ctx.attempt, step_id=step_id,
+                                                 step_name=name, started_at=ctx.db_now(), key=key, value=text)
     if not written:
         raise ctx.lease_lost(f"writing to stream {key!r}")
 
@@ -171,7 +172,7 @@ def enqueue_child_plan(ctx: ExecutionContext, name: str, execution_id: str | Non
             raise failures.rebuild(json.loads(recorded.error))
         return ctx.serializer.loads(recorded.output or "null", str)
     new_id = execution_id or child_id(ctx, step_id)
-    recorded_now, owner_name, conflict = yield store.enqueue_child(
+    recorded_now, owner_name, conflict = yield store.children.enqueue_child(
         parent=ctx.execution_id, attempt=ctx.attempt, step_id=step_id, step_name=step_name,
         started_at=ctx.db_now(), id=new_id, name=name, **params)
     if not recorded_now:
@@ -198,8 +199,8 @@ def await_plan(ctx: ExecutionContext, ids: Sequence[str], timeout: float | None)
         pending = [i for i in range(len(ids)) if i not in outcomes]
         if not pending:
             return [outcomes[i] for i in range(len(ids))]
-        wakeups, rows = yield store.awaited_status(id=ctx.execution_id, attempt=ctx.attempt,
-                                                   ids=[ids[i] for i in pending])
+        wakeups, rows = yield store.children.awaited_status(id=ctx.execution_id, attempt=ctx.attempt,
+                                                            ids=[ids[i] for i in pending])
         if wakeups is None:
             raise ctx.lease_lost("waiting for other workflows")
         by_id = {row.id: row for row in rows}
@@ -208,7 +209,7 @@ def await_plan(ctx: ExecutionContext, ids: Sequence[str], timeout: float | None)
             row = by_id[ids[i]]
             if row.status is None:
                 raise WorkflowNotFound(ids[i])
-            if row.status in store.TERMINAL:
+            if row.status in store.executions.TERMINAL:
                 finished[i] = json.dumps({"id": ids[i], "status": row.status})[:-1] + (
                     f', "output": {row.output or "null"}, "error": {row.error or "null"}}}')
         timed_out = not finished and deadline is not None and ctx.db_now() >= deadline

@@ -47,10 +47,10 @@ def check_statuses(statuses: Iterable[str]) -> list[str]:
     chosen = sorted(set(statuses))
     if not chosen:
         raise ValueError("give at least one status to clean up")
-    unfinished = [s for s in chosen if s not in store.TERMINAL]
+    unfinished = [s for s in chosen if s not in store.executions.TERMINAL]
     if unfinished:
-        raise ValueError(f"only finished executions can be cleaned up ({', '.join(sorted(store.TERMINAL))}); "
-                         f"not {', '.join(unfinished)}")
+        finished = ", ".join(sorted(store.executions.TERMINAL))
+        raise ValueError(f"only finished executions can be cleaned up ({finished}); not {', '.join(unfinished)}")
     return chosen
 
 
@@ -76,7 +76,7 @@ def batch(cutoff: datetime, statuses: list[str], limit: int) -> store.Call[Delet
                       lambda rows: Deleted(**{k: int(n) for k, n in rows[0].items()}), row_factory=dict_row)
 
 
-def cleanup(db: Database, older_than: timedelta | float, statuses: Iterable[str] = store.TERMINAL, *,
+def cleanup(db: Database, older_than: timedelta | float, statuses: Iterable[str] = store.executions.TERMINAL, *,
             batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
             on_start: Callable[[int], None] | None = None,
             on_batch: Callable[[Deleted], None] | None = None) -> Deleted:

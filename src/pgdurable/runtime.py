@@ -33,7 +33,7 @@ class Runtime:
         self.completions = CompletionListener(self.db)
         self.observers = Observers()
         # Declared in code; stored when a worker of this application starts.
-        self.queue_policies: dict[str, store.QueuePolicy] = {}
+        self.queue_policies: dict[str, store.queues.QueuePolicy] = {}
         self.declared_schedules: dict[str, ScheduleDefinition] = {}
 
     @property

@@ -235,6 +235,6 @@ class FakeContext:
 
 def recorded_from(runner: FakeRunner) -> dict[int, Any]:
     """The steps a first run recorded (the writes the runner accepted), as a replay loads them."""
-    from pgdurable.store import RecordedStep
+    from pgdurable.store.checkpoints import RecordedStep
     return {w.step_id: RecordedStep(w.step_name, w.output, w.error) for w in runner.writes()
             if w.step_name not in runner.fenced}

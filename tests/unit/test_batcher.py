@@ -161,7 +161,7 @@ def test_keys_of_a_rolled_back_transaction_are_not_reported_written() -> None:
 
 def test_statements_run_after_the_writes_and_keep_their_own_outcome() -> None:
     db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
-    beat = Statement(store.heartbeat(owner="w", lease=30.0, ids=["e1", "e2"]))
+    beat = Statement(store.claims.heartbeat(owner="w", lease=30.0, ids=["e1", "e2"]))
     outcomes = run_plan(db, [beat, done("e1", 1)])
     assert outcomes[0] == ({"e2": 1}, None)  # e1 completed by the writes first
     assert outcomes[1] == (True, None)
@@ -169,7 +169,7 @@ def test_statements_run_after_the_writes_and_keep_their_own_outcome() -> None:
 
 def test_a_failing_statement_fails_only_its_own_waiter() -> None:
     db = FakeDatabase(owned={("e1", 1)})
-    bad = Statement(store.heartbeat(owner="w", lease=1.0, ids=["e1"]))
+    bad = Statement(store.claims.heartbeat(owner="w", lease=1.0, ids=["e1"]))
     original = db.execute
 
     def execute(params: Any) -> Any:
@@ -185,7 +185,7 @@ def test_a_failing_statement_fails_only_its_own_waiter() -> None:
 def test_a_failed_batch_gives_statements_the_failure() -> None:
     db = FakeDatabase(owned={("e1", 1)})
     db.fail = psycopg.OperationalError("connection lost")
-    outcomes = run_plan(db, [Statement(store.heartbeat(owner="w", lease=1.0, ids=["e1"])), step("e1", 1, 0)])
+    outcomes = run_plan(db, [Statement(store.claims.heartbeat(owner="w", lease=1.0, ids=["e1"])), step("e1", 1, 0)])
     assert isinstance(outcomes[0][1], psycopg.OperationalError)
     assert outcomes[1] == (False, None)
 
@@ -242,7 +242,7 @@ def test_writer_gives_up_after_three_attempts(monkeypatch: pytest.MonkeyPatch) -
         raise psycopg.OperationalError("no server")
     writer = WriteBatcher(aconnect=None, connect=connect)  # type: ignore[arg-type]
     write, beat = writer.submit_all_threadsafe([step("e1", 1, 0),
-                                                Statement(store.heartbeat(owner="w", lease=1.0, ids=["e1"]))])
+                                                Statement(store.claims.heartbeat(owner="w", lease=1.0, ids=["e1"]))])
     assert write.result() is False
     with pytest.raises(psycopg.OperationalError):
         beat.result()

@@ -18,7 +18,7 @@ from pgdurable.context import ExecutionContext, current, current_workflow_id
 from pgdurable.errors import ConfigurationError, LeaseLost, NonDeterminismError, SerializationError
 from pgdurable.serialization import JsonSerializer, SizeLimit
 from pgdurable.steps import RetryPolicy, make_step
-from pgdurable.store import RecordedStep
+from pgdurable.store.checkpoints import RecordedStep
 
 
 class Done:
@@ -146,7 +146,7 @@ def test_perform_sync_dispatches_effects() -> None:
     write = ctx.step_write(0, "s", "1")
     assert ctx.perform_sync(write) is True
     assert ctx.perform_sync([ctx.step_write(1, "s", "2"), ctx.step_write(2, "s", "3")]) == [True, True]
-    assert ctx.perform_sync(store.wake_due()) == "ran wake_due"
+    assert ctx.perform_sync(store.claims.wake_due()) == "ran wake_due"
     assert [w.step_id for w in writer.writes] == [0, 1, 2]
     assert all((w.execution_id, w.attempt) == ("wf-9", 2) for w in writer.writes)
 

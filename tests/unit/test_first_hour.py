@@ -261,4 +261,4 @@ def test_the_next_start_forgets_users_of_the_embedded_server_that_were_killed(tm
 def test_only_missing_objects_of_pgdurable_mean_it_is_not_installed(detail: str, schema: str, ours: bool) -> None:
     from pgdurable import store
 
-    assert store._names_own_object(detail, schema) is ours
+    assert store.calls._names_own_object(detail, schema) is ours

@@ -24,7 +24,9 @@ from pgdurable.errors import (
     WorkflowNotFound,
 )
 from pgdurable.primitives import Suspended
-from pgdurable.store import Awaited, Received, RecordedStep
+from pgdurable.store.checkpoints import RecordedStep
+from pgdurable.store.children import Awaited
+from pgdurable.store.messaging import Received
 
 from .fakes import FakeContext, FakeRunner, recorded_from
 
@@ -206,7 +208,7 @@ def test_recv_replays_the_recorded_message(drive: Drive) -> None:
 def test_send_derives_its_idempotency_key_from_the_step(drive: Drive) -> None:
     runner = FakeRunner(send_message=True)
     ctx = FakeContext(runner)
-    call = store.send_message(destination="other", message='"hi"', topic="t", key=None)
+    call = store.messaging.send_message(destination="other", message='"hi"', topic="t", key=None)
     drive(ctx, primitives.send_plan(ctx, call))
     [sent] = runner.calls("send_message")
     assert sent.params == {"destination": "other", "message": '"hi"', "topic": "t", "key": "wf-1:0"}
@@ -216,11 +218,13 @@ def test_send_derives_its_idempotency_key_from_the_step(drive: Drive) -> None:
 def test_send_keeps_a_callers_key_and_is_not_sent_again_on_replay(drive: Drive) -> None:
     runner = FakeRunner(send_message=True)
     ctx = FakeContext(runner)
-    drive(ctx, primitives.send_plan(ctx, store.send_message(destination="d", message="1", topic="", key="mine")))
+    drive(ctx, primitives.send_plan(ctx, store.messaging.send_message(destination="d", message="1", topic="",
+                                                                      key="mine")))
     assert runner.calls("send_message")[0].params["key"] == "mine"
     again = FakeRunner()
     ctx = FakeContext(again, recorded_from(runner))
-    drive(ctx, primitives.send_plan(ctx, store.send_message(destination="d", message="1", topic="", key="mine")))
+    drive(ctx, primitives.send_plan(ctx, store.messaging.send_message(destination="d", message="1", topic="",
+                                                                      key="mine")))
     assert again.effects == []
 
 

@@ -16,7 +16,7 @@ from pgdurable.effects import Invoke
 from pgdurable.errors import LeaseLost
 from pgdurable.plans import Plan, drive_async, drive_sync
 from pgdurable.steps import RetryPolicy
-from pgdurable.store import RecordedStep
+from pgdurable.store.checkpoints import RecordedStep
 from pgdurable.transactions import (
     TransactionRun,
     Transactions,

@@ -22,7 +22,7 @@ def list_queues(database_url: DatabaseUrl = None, schema: Schema = None, as_json
     Example: pgdurable queues list --json
     """
     with open_app(database_url, schema) as app:
-        policies = app.db.run(store.queue_policies(None))
+        policies = app.db.run(store.queues.queue_policies(None))
     if as_json:
         print(json.dumps([dataclasses.asdict(p) for p in policies.values()], indent=2))
         return
@@ -53,7 +53,7 @@ def set_queue(name: str,
         except ValueError as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
-        app.db.run(store.set_queue_policy(policy))
+        app.db.run(store.queues.set_queue_policy(policy))
     stored = policy.claims_in_sql or policy.worker_concurrency is not None
     if as_json:
         print(json.dumps({"queue": name, "policy": dataclasses.asdict(policy) if stored else None}))

@@ -17,8 +17,8 @@ def workers(database_url: DatabaseUrl = None, schema: Schema = None, as_json: As
     Example: pgdurable workers --json
     """
     with open_app(database_url, schema) as app:
-        rows = app.db.run(store.list_workers())
-        stuck = app.db.run(store.list_unrunnable(100))
+        rows = app.db.run(store.workers.list_workers())
+        stuck = app.db.run(store.workers.list_unrunnable(100))
     if as_json:
         keys = ("id", "hostname", "pid", "queues", "workflows", "concurrency", "started_at", "heartbeat_at",
                 "alive", "app_version")

@@ -31,15 +31,15 @@ from ._common import (
 workflows_cli = command_group("Inspect and steer workflow executions.")
 
 
-def _execution_dict(execution: store.Execution) -> dict[str, Any]:
-    data = {name: jsonable(getattr(execution, name)) for name in store.Execution.__slots__}
+def _execution_dict(execution: store.executions.Execution) -> dict[str, Any]:
+    data = {name: jsonable(getattr(execution, name)) for name in store.executions.Execution.__slots__}
     for column in ("input", "output", "error"):
         data[column] = payload(data[column])
     return data
 
 
-def _step_dict(step: store.Step) -> dict[str, Any]:
-    data = {name: jsonable(getattr(step, name)) for name in store.Step.__slots__}
+def _step_dict(step: store.checkpoints.Step) -> dict[str, Any]:
+    data = {name: jsonable(getattr(step, name)) for name in store.checkpoints.Step.__slots__}
     data["output"], data["error"] = payload(step.output), payload(step.error)
     data["duration_ms"] = _millis(step.started_at, step.completed_at)
     return data
@@ -100,8 +100,8 @@ def show_workflow(workflow_id: str, database_url: DatabaseUrl = None, schema: Sc
         execution = app.get(workflow_id)
         steps = app.steps(workflow_id)
         children = app.children(workflow_id)
-        events = app.db.run(store.list_events(workflow_id))
-        messages = app.db.run(store.list_messages(workflow_id))
+        events = app.db.run(store.messaging.list_events(workflow_id))
+        messages = app.db.run(store.messaging.list_messages(workflow_id))
     if execution is None:
         console.print(f"[red]no execution with id {escape(workflow_id)}[/red]")
         raise typer.Exit(1)

@@ -219,7 +219,7 @@ def create_app(pgdurable_app: App, token: str | None = None, read_only: bool = F
             events = monitoring.Events(latest, read(monitoring.events_history(workflow_id)) if latest else [])
             keys = read(monitoring.stream_keys(workflow_id))
             streams = [read(monitoring.stream_values(workflow_id, key)) for key in keys]
-        finished = detail.status in store.TERMINAL
+        finished = detail.status in store.executions.TERMINAL
         context = {
             "now": now, "e": detail, "steps": steps, "input": given, "finished": finished,
             "children": children, "messages": messages, "events": events, "streams": streams,

@@ -194,7 +194,7 @@ def timeline(detail: monitoring.ExecutionDetail, steps: list[monitoring.StepDeta
     # available_at is the start time until the first start; later waits and wake-ups overwrite it
     if started is not None and available is not None and available > started:
         available = None
-    finished = detail.time("completed_at") if detail.status in store.TERMINAL else None
+    finished = detail.time("completed_at") if detail.status in store.executions.TERMINAL else None
     end = finished or now
     step_ends = [t for s in steps if (t := s.time("completed_at")) is not None]
     total = max([(end - created).total_seconds(), *[(t - created).total_seconds() for t in step_ends], 1e-3])

@@ -78,8 +78,8 @@ def skip_if_idle(conn: psycopg.Connection[Any]) -> datetime | None:
 
 def _wake(conn: psycopg.Connection[Any]) -> None:
     """Do at once what the workers' timer and the leader's deadline check would do at their next look."""
-    store.run(conn, store.wake_due())
-    store.run(conn, store.expire_deadlines())
+    store.run(conn, store.claims.wake_due())
+    store.run(conn, store.claims.expire_deadlines())
 
 
 class Skipper:

@@ -92,7 +92,7 @@ class Worker:
         self._signals = False
         self._started = asyncio.Event()
         # Queue policies of the served queues (see App.queue), refreshed by maintenance.policies.
-        self.policies: dict[str, store.QueuePolicy] = {}
+        self.policies: dict[str, store.queues.QueuePolicy] = {}
 
         deps = Deps(run=self._run, worker_id=self.id, settings=self.settings, observers=self.observers)
         self.timer = Timer(deps)
@@ -170,7 +170,7 @@ class Worker:
         if running is not None and not running.context.lost:
             self.executor.abandon(running, "cancelled or timed out")  # now, not at the next heartbeat
 
-    def _set_policies(self, policies: dict[str, store.QueuePolicy]) -> None:
+    def _set_policies(self, policies: dict[str, store.queues.QueuePolicy]) -> None:
         self.policies = policies
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -189,15 +189,15 @@ class Worker:
         background = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat")]
         if self.claims:
             for policy in self.app.queue_policies.values():
-                await self._run(store.set_queue_policy(policy))
-            self.policies = await self._run(store.queue_policies(self.queues))
-            await self._run(store.register_worker(
+                await self._run(store.queues.set_queue_policy(policy))
+            self.policies = await self._run(store.queues.queue_policies(self.queues))
+            await self._run(store.workers.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
                 workflows=self.names, concurrency=self.concurrency, version=self.version,
                 adopt=self.settings.adopt_after_seconds, lease=self.settings.lease_seconds))
             # Parked executions of this version (their history did not replay on another version's code)
             # resume here: rolling a deploy back un-parks them.
-            unparked = await self._run(store.unpark(version=self.version, names=self.names))
+            unparked = await self._run(store.versions.unpark(version=self.version, names=self.names))
             if unparked:
                 log.info("worker %s: re-enqueued %d parked executions of version %s", self.id, unparked,
                          self.version)
@@ -261,7 +261,7 @@ class Worker:
         # Pooled connections may have been cut (server restart, pg_terminate_backend); each failure drops one.
         for attempt in range(1, 4):
             try:
-                await self._run(store.deregister_worker(self.id))
+                await self._run(store.workers.deregister_worker(self.id))
                 return
             except Exception as exc:
                 if attempt == 3:
@@ -271,12 +271,12 @@ class Worker:
 
     # -- executions handed in -----------------------------------------------------------------------------
 
-    def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep],
+    def adopt(self, claimed: store.claims.Claimed, recorded: dict[int, store.checkpoints.RecordedStep],
               queue: str | None = None, trace: str | None = None) -> asyncio.Task[None]:
         """Run an execution this worker owns (claimed, or started in-process by App.start)."""
         return self.executor.adopt(claimed, recorded, queue, trace)
 
-    async def adopt_new(self, claimed: store.Claimed, trace: str | None = None) -> None:
+    async def adopt_new(self, claimed: store.claims.Claimed, trace: str | None = None) -> None:
         """Entry point for App.start from another thread: a new execution has no recorded steps."""
         await self._started.wait()
         self.adopt(claimed, {}, trace=trace)

@@ -33,7 +33,7 @@ log = logging.getLogger("pgdurable.worker")
 
 @dataclass
 class Running:
-    claimed: store.Claimed
+    claimed: store.claims.Claimed
     context: ExecutionContext
     task: asyncio.Task[None] | None = None
     queue: str | None = None
@@ -78,12 +78,12 @@ class Executor:
     def count(self, queue: str) -> int:
         return sum(1 for r in self.running.values() if r.queue == queue)
 
-    async def launch(self, claimed: list[store.Claimed], queue: str, pool_run: Any) -> bool:
+    async def launch(self, claimed: list[store.claims.Claimed], queue: str, pool_run: Any) -> bool:
         """Start the claimed executions; False if they could not be started (and were handed back)."""
         resumed = [c.id for c in claimed if c.has_history]
         try:
-            recorded = await pool_run(store.load_steps(resumed)) if resumed else {}
-            traces = await pool_run(store.trace_contexts([c.id for c in claimed])) if self.observers else {}
+            recorded = await pool_run(store.checkpoints.load_steps(resumed)) if resumed else {}
+            traces = await pool_run(store.executions.trace_contexts([c.id for c in claimed])) if self.observers else {}
         except Exception as exc:
             # Not knowing their checkpoints, do not run them: hand them back to the queue at once (if that
             # fails too, their leases expire and they are swept). The producer carries on.
@@ -91,13 +91,13 @@ class Executor:
                         "the %d just claimed", self.worker_id, len(resumed), exc, len(claimed))
             assert self.batcher is not None
             with contextlib.suppress(Exception):
-                await self.batcher.run(store.release(owner=self.worker_id, ids=[c.id for c in claimed]))
+                await self.batcher.run(store.claims.release(owner=self.worker_id, ids=[c.id for c in claimed]))
             return False
         for execution in claimed:
             self.adopt(execution, recorded.get(execution.id, {}), queue, traces.get(execution.id))
         return True
 
-    def adopt(self, claimed: store.Claimed, recorded: dict[int, store.RecordedStep],
+    def adopt(self, claimed: store.claims.Claimed, recorded: dict[int, store.checkpoints.RecordedStep],
               queue: str | None = None, trace: str | None = None) -> asyncio.Task[None]:
         """Run an execution this worker owns (claimed, or started in-process by App.start)."""
         assert self.loop is not None and self.batcher is not None
@@ -170,13 +170,13 @@ class Executor:
                 del self.running[claimed.id]
             self._on_free()
 
-    async def _park(self, claimed: store.Claimed, reason: str) -> None:
+    async def _park(self, claimed: store.claims.Claimed, reason: str) -> None:
         """The history does not replay on this code: park the execution, writing nothing else, for a worker of
         the version that recorded it (or an explicit ``pgdurable versions migrate``)."""
         assert self.batcher is not None
         previous = claimed.previous_version
-        if await self.batcher.run(store.park(id=claimed.id, attempt=claimed.attempt, reason=reason,
-                                             previous=previous)):
+        if await self.batcher.run(store.versions.park(id=claimed.id, attempt=claimed.attempt, reason=reason,
+                                                      previous=previous)):
             log.warning("execution %s: parked, its history does not replay on version %s (%s); a worker of "
                         "version %s resumes it", claimed.id, self.runtime.version, reason, previous or "?")
 
@@ -230,7 +230,7 @@ class Executor:
         assert self.batcher is not None  # on the writer's connection: never races a batch on these rows
         try:
             released = await self.batcher.run(
-                store.release(owner=self.worker_id, ids=[r.claimed.id for r in leftover]))
+                store.claims.release(owner=self.worker_id, ids=[r.claimed.id for r in leftover]))
             log.info("worker %s: released %d unfinished executions to the queue", self.worker_id, len(released))
         except Exception as exc:  # the database is out of reach: their leases expire and they are swept
             log.warning("worker %s: could not release %d unfinished executions (%s); they resume elsewhere "

@@ -66,9 +66,9 @@ class Leadership:
                         if self.stopping():
                             return  # the finally below stops the duties and ends the session (and the lock)
                         if not self.is_leader:
-                            if await store.arun(conn, store.try_leadership(schema)):
+                            if await store.arun(conn, store.workers.try_leadership(schema)):
                                 self._lead()
-                        elif not await store.arun(conn, store.holds_leadership(schema)):
+                        elif not await store.arun(conn, store.workers.holds_leadership(schema)):
                             await self._resign("its lock is gone")
                     except psycopg.errors.QueryCanceled:
                         pass  # a statement timeout or pg_cancel_backend: the session and its lock live on

@@ -40,10 +40,10 @@ class Heartbeat:
             assert executor.batcher is not None
             held = {execution_id: r for execution_id, r in executor.running.items() if not r.context.lost}
             try:
-                owned = await executor.batcher.run(store.heartbeat(
+                owned = await executor.batcher.run(store.claims.heartbeat(
                     owner=self.worker_id, lease=self.settings.lease_seconds, ids=list(held)))
                 if self.registered:
-                    await self._run(store.worker_heartbeat(self.worker_id))
+                    await self._run(store.workers.worker_heartbeat(self.worker_id))
             except Exception as exc:
                 log.warning("worker %s: heartbeat failed (%s)", self.worker_id, exc)
                 continue

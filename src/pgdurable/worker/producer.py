@@ -84,7 +84,7 @@ class Producer:
     IDLE_RECHECK_SECONDS = 0.05
 
     def __init__(self, queue: str, *, worker_id: str, names: list[str], version: str, settings: Settings,
-                 executor: Executor, policies: Callable[[], dict[str, store.QueuePolicy]],
+                 executor: Executor, policies: Callable[[], dict[str, store.queues.QueuePolicy]],
                  run: Callable[[store.Call[Any]], Awaitable[Any]], stopping: asyncio.Event) -> None:
         self.queue = queue
         self.worker_id = worker_id
@@ -145,9 +145,9 @@ class Producer:
             self.debouncer.fired()
             started = time.monotonic()
             in_sql = policy is not None and policy.claims_in_sql
-            claim = store.claim_with_policy if in_sql else store.claim
+            claim = store.claims.claim_with_policy if in_sql else store.claims.claim
             executor.reserved += limit  # until the claimed are running: other producers see them taken
-            retry, claimed = 0.0, list[store.Claimed]()
+            retry, claimed = 0.0, list[store.claims.Claimed]()
             try:
                 try:
                     claimed = await self._run(claim(
@@ -195,7 +195,7 @@ class Producer:
 
     async def _arm(self) -> bool:
         try:
-            await self._run(store.arm_doorbell(id=self.worker_id, queue=self.queue))
+            await self._run(store.workers.arm_doorbell(id=self.worker_id, queue=self.queue))
         except Exception as exc:  # the poll (and the next round) still find the work
             log.warning("worker %s: could not arm the doorbell of queue %s (%s)", self.worker_id, self.queue, exc)
             return False

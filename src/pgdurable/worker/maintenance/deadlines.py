@@ -18,7 +18,7 @@ class Deadlines(Duty):
     name = "deadline check"
 
     async def once(self) -> None:
-        late = await self.deps.run(store.expire_deadlines())
+        late = await self.deps.run(store.claims.expire_deadlines())
         for execution_id in late:
             log.warning("execution %s: deadline passed, failed with pgdurable.WorkflowTimeout", execution_id)
         if late and self.deps.observers:

@@ -16,10 +16,11 @@ class PolicyRefresh(Duty):
     name = "queue policy refresh"
     leader_only = False
 
-    def __init__(self, deps: Deps, queues: list[str], apply: Callable[[dict[str, store.QueuePolicy]], None]) -> None:
+    def __init__(self, deps: Deps, queues: list[str],
+                 apply: Callable[[dict[str, store.queues.QueuePolicy]], None]) -> None:
         super().__init__(deps)
         self.queues = queues
         self.apply = apply
 
     async def once(self) -> None:
-        self.apply(await self.deps.run(store.queue_policies(self.queues)))
+        self.apply(await self.deps.run(store.queues.queue_policies(self.queues)))

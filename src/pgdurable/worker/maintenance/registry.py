@@ -14,4 +14,4 @@ class WorkerPruning(Duty):
     name = "worker registry pruning"
 
     async def once(self) -> None:
-        await self.deps.run(store.prune_workers())
+        await self.deps.run(store.workers.prune_workers())

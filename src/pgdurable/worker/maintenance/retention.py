@@ -27,7 +27,7 @@ class Retention(Duty):
         if older_than is None:
             return
         cutoff = await self.deps.run(retention.cutoff(older_than))
-        deleted = await self.deps.run(retention.batch(cutoff, sorted(store.TERMINAL),
+        deleted = await self.deps.run(retention.batch(cutoff, sorted(store.executions.TERMINAL),
                                                       self.deps.settings.retention_batch_size))
         if deleted.executions:
             log.info("worker %s: retention deleted %d finished executions and %d step outputs",

@@ -19,7 +19,7 @@ class Sweeper(Duty):
     name = "sweep of expired leases"
 
     async def once(self) -> None:
-        expired = await self.deps.run(store.sweep_expired())
+        expired = await self.deps.run(store.claims.sweep_expired())
         for swept in expired:
             log.warning("execution %s: lease expired, %s (recovery %d)", swept.id,
                         "dead-lettered" if swept.status == "failed" else "re-enqueued", swept.recoveries)

@@ -48,7 +48,7 @@ class Timer:
             self._kick.clear()
             wait = self.deps.settings.poll_seconds
             try:
-                woken, next_due, db_now = await self.deps.run(store.wake_due())
+                woken, next_due, db_now = await self.deps.run(store.claims.wake_due())
                 if woken:
                     log.debug("worker %s: timer enqueued %d waiting executions", self.deps.worker_id, woken)
                 offset = db_now.timestamp() - time.time()  # compare wake-ups on the database's clock

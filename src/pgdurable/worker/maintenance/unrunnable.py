@@ -26,5 +26,5 @@ class Unrunnable(Duty):
         grace = self.deps.settings.unknown_workflow_grace_seconds
         if grace is None:
             return
-        for failed in await self.deps.run(store.fail_unrunnable(grace)):
+        for failed in await self.deps.run(store.claims.fail_unrunnable(grace)):
             log.warning("execution %s: failed, no live worker knows workflow %r", failed.id, failed.name)

@@ -1,0 +1,143 @@
+"""A statement as data (``Call``: a named query, its parameters, and how to read its rows), and the only two
+places that execute one: ``run`` and ``arun``.
+
+Building a ``Call`` does no I/O, so one definition serves both the sync and the async driver. Rows that become
+objects are mapped by column name (``row_factory``: psycopg's ``class_row`` or ``dict_row``), never by
+position: a column added to or moved in a query either lands in the field of its name or fails loudly (an
+unknown field), instead of silently shifting the fields after it.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Generic, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import BaseRowFactory
+
+from ..errors import SchemaNotInstalled
+from ..sqlfiles import query, schema_sql
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    name: str
+    params: Mapping[str, Any]
+    # Reads the fetched rows: tuples, or what row_factory makes of each row.
+    read: Callable[[list[Any]], T]
+    # For a connection that is not pgdurable's own: the query's {schema} is replaced by this identifier.
+    schema: str | None = None
+    # How to build each row, by column name (psycopg.rows.class_row / dict_row); None: plain tuples.
+    row_factory: BaseRowFactory[Any] | None = None
+
+
+def _statement(call: Call[Any]) -> Any:
+    if call.schema is None:
+        return query(call.name)
+    return sql.SQL(query(call.name)).format(schema=sql.Identifier(call.schema))
+
+
+def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
+    with _schema_errors(conn, call):
+        if call.row_factory is None:
+            cur = conn.execute(_statement(call), call.params)
+            return call.read(cur.fetchall() if cur.description else [])
+        with conn.cursor(row_factory=call.row_factory) as named:
+            named.execute(_statement(call), call.params)
+            return call.read(named.fetchall() if named.description else [])
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
+    with _schema_errors(conn, call):
+        if call.row_factory is None:
+            cur = await conn.execute(_statement(call), call.params)
+            return call.read(await cur.fetchall() if cur.description else [])
+        async with conn.cursor(row_factory=call.row_factory) as named:
+            await named.execute(_statement(call), call.params)
+            return call.read(await named.fetchall() if named.description else [])
+
+
+# The schema each of pgdurable's own connections works in (set by db.configure), to name it in errors.
+_schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# What a statement of ours meets on a schema that was never migrated, or migrated by an older pgdurable.
+_MISSING = (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+            psycopg.errors.UndefinedColumn)
+
+
+def remember_schema(conn: Any, schema: str) -> None:
+    _schemas[conn] = schema
+
+
+@contextmanager
+def _schema_errors(conn: Any, call: Call[Any]) -> Iterator[None]:
+    """A relation, function or schema of pgdurable's own that is missing means pgdurable is not installed (or
+    is out of date) there, which deserves a message saying what to run, not libpq's. (A missing object of the
+    application's, as a table binding may name, is the application's error: it goes through unchanged.)"""
+    try:
+        yield
+    except _MISSING as exc:
+        schema = call.schema or _schemas.get(conn)
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        if not _names_own_object(detail, schema):
+            raise
+        raise SchemaNotInstalled(schema, detail) from exc
+
+
+_MISSING_SCHEMA = re.compile(r'schema "(?P<name>[^"]+)" does not exist')
+_MISSING_OBJECT = re.compile(r'(?:relation "(?P<relation>[^"]+)"|function (?P<function>[\w."]+)\()')
+
+
+def _names_own_object(detail: str, schema: str | None) -> bool:
+    """Whether an undefined-object error names our schema, or a table, view or function of pgdurable's (bare,
+    or in our schema)."""
+    found = _MISSING_SCHEMA.search(detail)
+    if found:
+        return schema is None or found.group("name") == schema
+    found = _MISSING_OBJECT.search(detail)
+    if not found:
+        return False
+    qualifier, _, name = (found.group("relation") or found.group("function")).replace('"', "").rpartition(".")
+    return name in own_objects() and (not qualifier or schema is None or qualifier == schema)
+
+
+@lru_cache(maxsize=1)
+def own_objects() -> frozenset[str]:
+    """The names of pgdurable's tables, views and functions (from sql/schema.sql)."""
+    return frozenset(re.findall(r"^CREATE (?:OR REPLACE )?(?:TABLE|VIEW|FUNCTION) (?:IF NOT EXISTS )?(\w+)",
+                                schema_sql(), re.MULTILINE)) | {"schema_migrations"}  # made by migrations.py
+
+
+# ---- readers: what the statements of every subject make of their rows -------------------------------------
+
+def nothing(rows: Rows) -> None:
+    return None
+
+
+def first(rows: list[T]) -> T | None:
+    return rows[0] if rows else None
+
+
+def only(rows: list[T]) -> T:
+    """The one row a statement always returns."""
+    return rows[0]
+
+
+def every(rows: list[T]) -> list[T]:
+    return rows
+
+
+def first_column(rows: Rows) -> list[Any]:
+    return [row[0] for row in rows]
+
+
+def pairs(rows: Rows) -> dict[str, Any]:
+    return {row[0]: row[1] for row in rows}

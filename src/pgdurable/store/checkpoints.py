@@ -1,0 +1,66 @@
+"""What attempts record (step checkpoints and completions, written by the group commit, fenced by attempt)
+and what replay and the read paths read back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import class_row, dict_row
+
+from .calls import Call, Rows, every
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    step_name: str
+    output: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    step_id: int
+    step_name: str
+    output: str | None
+    error: str | None
+    attempts: int
+    recorded_by_attempt: int
+    started_at: datetime
+    completed_at: datetime
+
+
+def _recorded_steps(rows: list[dict[str, Any]]) -> dict[str, dict[int, RecordedStep]]:
+    found: dict[str, dict[int, RecordedStep]] = {}
+    for row in rows:
+        found.setdefault(row["execution_id"], {})[row["step_id"]] = RecordedStep(
+            row["step_name"], row["output"], row["error"])
+    return found
+
+
+def load_steps(ids: list[str]) -> Call[dict[str, dict[int, RecordedStep]]]:
+    return Call("load_steps", {"ids": ids}, _recorded_steps, row_factory=dict_row)
+
+
+# What a group commit wrote, by (execution_id, attempt, step_id or None for a completion): keyed by the
+# attempt too, so that two attempts of one execution in one batch never take each other's outcome.
+WriteKey = tuple[str, int, int | None]
+
+
+def _written(rows: Rows) -> set[WriteKey]:
+    return {(row[0], row[1], row[2]) for row in rows}
+
+
+def write_steps(rows: str) -> Call[set[WriteKey]]:
+    """Step checkpoints as one JSON array; returns (execution_id, attempt, step_id) of the rows written."""
+    return Call("write_steps", {"rows": rows}, _written)
+
+
+def write_completions(rows: str) -> Call[set[WriteKey]]:
+    """Completions as one JSON array; returns (execution_id, attempt, None) of the executions finished."""
+    return Call("write_completions", {"rows": rows}, _written)
+
+
+def list_steps(id: str) -> Call[list[Step]]:
+    return Call("list_steps", {"id": id}, every, row_factory=class_row(Step))

@@ -1,0 +1,137 @@
+"""The drivers of waits and reads outside workflows (completions.read_sync / read_async, wait_sync /
+wait_async) and the stream reader's plan (streams.py) they run, against a fake database and listener: values
+handed out in order, every subscription ended, errors thrown into the plan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pgdurable import store, streams
+from pgdurable.completions import Emit, Listen, Nap, read_async, read_sync, wait_async, wait_sync
+from pgdurable.errors import WorkflowNotFound
+from pgdurable.serialization import JsonSerializer
+from pgdurable.store.messaging import StreamRead
+
+
+class FakeListener:
+    """Subscriptions by key; ``notify`` wakes them as a NOTIFY would."""
+
+    def __init__(self) -> None:
+        self.subscribed: list[str] = []
+        self.live: dict[int, tuple[str, Callable[[], None]]] = {}
+
+    def subscribe(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+        self.subscribed.append(key)
+        token = len(self.subscribed)
+        self.live[token] = (key, wake)
+        return lambda: self.live.pop(token)
+
+    def notify(self) -> None:
+        for _, wake in list(self.live.values()):
+            wake()
+
+
+class FakeDatabase:
+    """Answers each statement by name from a script; after each, notifies (a write committed during the
+    look), so that a nap ends at once."""
+
+    def __init__(self, listener: FakeListener, answers: dict[str, list[Any]]) -> None:
+        self.listener, self.answers = listener, answers
+        self.calls: list[store.Call[Any]] = []
+
+    def run(self, call: store.Call[Any]) -> Any:
+        self.calls.append(call)
+        answer = self.answers[call.name].pop(0)
+        self.listener.notify()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def arun(self, call: store.Call[Any]) -> Any:
+        return self.run(call)
+
+
+def _plan() -> Generator[Any, Any, str]:
+    yield Listen("a")
+    yield Listen("b")
+    first = yield store.executions.get_status("e")
+    yield Emit([1, 2])
+    yield Nap(30.0)  # woken by the fake's notification, not after 30 s
+    try:
+        yield store.executions.get_status("e")
+    except RuntimeError as lost:
+        yield Emit([3])
+        return f"{first} then {lost}"
+    return "unreachable"
+
+
+def _fakes() -> tuple[FakeListener, FakeDatabase]:
+    listener = FakeListener()
+    return listener, FakeDatabase(listener, {"get_status": ["running", RuntimeError("connection lost")]})
+
+
+def test_a_read_hands_out_the_values_in_order_and_ends_every_subscription() -> None:
+    listener, db = _fakes()
+    assert list(read_sync(db, listener, _plan())) == [1, 2, 3]
+    assert listener.subscribed == ["a", "b"] and listener.live == {}
+
+
+def test_a_read_left_early_ends_every_subscription() -> None:
+    listener, db = _fakes()
+    reader = read_sync(db, listener, _plan())
+    assert next(reader) == 1
+    assert len(listener.live) == 2
+    reader.close()
+    assert listener.live == {}
+
+
+def test_a_wait_returns_the_plans_value_and_a_failed_statement_is_thrown_into_the_plan() -> None:
+    listener, db = _fakes()
+    assert wait_sync(db, listener, _plan()) == "running then connection lost"
+    assert listener.live == {}
+
+
+def test_the_async_drivers_do_the_same() -> None:
+    async def both() -> tuple[list[Any], str]:
+        listener, db = _fakes()
+        values = [value async for value in read_async(db, listener, _plan())]
+        assert listener.live == {}
+        listener, db = _fakes()
+        outcome = await wait_async(db, listener, _plan())
+        assert listener.live == {}
+        return values, outcome
+
+    assert asyncio.run(both()) == ([1, 2, 3], "running then connection lost")
+
+
+def _runtime(reads: list[Any]) -> Any:
+    listener = FakeListener()
+    return SimpleNamespace(db=FakeDatabase(listener, {"read_stream": reads}), completions=listener,
+                           serializer=JsonSerializer())
+
+
+def test_a_stream_is_read_after_the_last_value_seen_until_its_close() -> None:
+    runtime = _runtime([StreamRead(True, False, [(1, '"a"'), (2, '{"n":2}')], False),
+                        StreamRead(True, False, [], False),  # nothing new: nap until notified
+                        StreamRead(True, False, [(5, '"c"')], True)])
+    assert list(streams.read_stream(runtime, "e", "tokens")) == ["a", {"n": 2}, "c"]
+    assert [call.params["after"] for call in runtime.db.calls] == [-1, 2, 2]
+    assert runtime.completions.subscribed == ["event:e", "e"] and runtime.completions.live == {}
+
+
+def test_a_full_batch_is_followed_by_another_look_even_once_the_execution_ended() -> None:
+    full = [(i, str(i)) for i in range(1, 501)]
+    runtime = _runtime([StreamRead(True, True, full, False), StreamRead(True, True, [(501, "501")], False)])
+    assert list(streams.read_stream(runtime, "e", "k")) == list(range(1, 502))
+
+
+def test_reading_the_stream_of_no_execution_fails() -> None:
+    runtime = _runtime([StreamRead(False, True, [], False)])
+    with pytest.raises(WorkflowNotFound):
+        list(streams.read_stream(runtime, "nobody", "k"))
+    assert runtime.completions.live == {}
