@@ -45,17 +45,19 @@ class App(ScheduleCalls, BindingCalls):
     """A pgdurable application. Create one (or several: there is no global state) and register workflows.
 
     ``database_url`` defaults to ``PGDURABLE_DATABASE_URL``, then ``DATABASE_URL``, then an embedded
-    PostgreSQL started on first use. Nothing connects until the first call that needs the database.
+    PostgreSQL started on first use. Nothing connects until the first call that needs the database. It may be
+    a function returning the URL, called then (an integration whose settings are read late, as Django's).
     """
 
-    def __init__(self, database_url: str | None = None, *, schema: str | None = None,
+    def __init__(self, database_url: str | Callable[[], str] | None = None, *, schema: str | None = None,
                  serializer: Serializer | None = None, auto_migrate: bool = True,
                  settings: Settings | None = None, **tunables: Any) -> None:
         settings = settings or Settings(**tunables)
         # The database URL is resolved on first use, so an App can be defined at import time before the
         # environment is set.
         self.runtime = Runtime(
-            database_url=lambda: database_url or database_url_from_env() or embedded_database_url(),
+            database_url=lambda: ((database_url() if callable(database_url) else database_url)
+                                  or database_url_from_env() or embedded_database_url()),
             schema=schema_name(schema), settings=settings,
             serializer=SizeLimit(serializer or JsonSerializer(), settings.max_payload_bytes),
             auto_migrate=auto_migrate)

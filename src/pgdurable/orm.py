@@ -76,3 +76,11 @@ async def async_session_transaction(
         connection = await session.connection()
         raw = await connection.get_raw_connection()
         yield session, raw.driver_connection
+
+
+async def dispose_async_engine(db: Database) -> None:
+    """Close the running event loop's engine (its pooled connections), if one was made: its loop is ending."""
+    engines: dict[asyncio.AbstractEventLoop, Any] = db.__dict__.get("_sa_async_engines", {})
+    engine = engines.pop(asyncio.get_running_loop(), None)
+    if engine is not None:
+        await engine.dispose()

@@ -219,17 +219,28 @@ def transaction_step_plan(run: TransactionRun, tx: Transactions, body: Invoke) -
     return run.result()
 
 
+# A transaction opened by an integration on a connection it owns (Django's ``transaction.atomic()``): a new
+# context manager that yields the psycopg connection underneath, in the open transaction.
+OwnScope = Callable[[], contextlib.AbstractContextManager[psycopg.Connection[Any]]]
+
+
 def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, policy: RetryPolicy,
-                          isolation: str | None, timeout: float | None = None) -> Callable[..., Any]:
+                          isolation: str | None, timeout: float | None = None,
+                          own_scope: OwnScope | None = None) -> Callable[..., Any]:
+    """The step's callable. With ``own_scope``, the step's transaction is the one that scope opens and the body
+    takes no connection argument (it reaches the transaction its own way, as Django's ORM does)."""
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
     signature = Signature(fn)
     parameters = list(signature.param_hints)
-    if not parameters:
-        raise ConfigurationError(f"transactional step {name!r} must take the connection as its first parameter")
-    first_hint = signature.param_hints[parameters[0]]
-    kind = session_kind(first_hint)
     is_async = inspect.iscoroutinefunction(fn)
+    if own_scope is not None and is_async:
+        raise ConfigurationError(f"transactional step {name!r} runs in its integration's own transaction, "
+                                 "which is synchronous: declare it with `def`")
+    if not parameters and own_scope is None:
+        raise ConfigurationError(f"transactional step {name!r} must take the connection as its first parameter")
+    first_hint: Any = signature.param_hints[parameters[0]] if own_scope is None else None
+    kind = session_kind(first_hint)
     if kind is not None and (kind == "async") != is_async:
         raise ConfigurationError(f"transactional step {name!r}: use Session with `def` and AsyncSession with "
                                  "`async def`")
@@ -264,7 +275,10 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
     else:
         @contextlib.contextmanager
         def sync_scope() -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
-            if kind == "sync":
+            if own_scope is not None:
+                with own_scope() as conn:
+                    yield None, conn
+            elif kind == "sync":
                 with session_transaction(runtime.db, first_hint) as (session, conn):
                     yield session, conn
             else:
@@ -273,8 +287,13 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
 
         tx = sync_transactions(sync_scope, opening, checkpoint, timeout)
 
+    def without_handle(_handle: None, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call = fn if own_scope is None else without_handle
+
     def plan(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[ExecutionContext | None, Plan]:
-        body = Invoke(fn, args, kwargs, label=f"transactional step {name!r}")
+        body = Invoke(call, args, kwargs, label=f"transactional step {name!r}")
         ctx = current()
         if ctx is None:  # outside a workflow: a plain transaction, nothing recorded
             return None, in_transaction(tx, body, None)

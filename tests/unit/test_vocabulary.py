@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "pgdurable"
 # The client layer and above take the public option and may use the public word.
 PUBLIC_SIDE = {"__init__.py", "app.py", "client.py", "enqueue.py", "local.py", "scheduling.py", "demo.py",
                "errors.py", "metrics.py", "tracing.py", "limits.py", "context.py", "workflows.py"}
-PUBLIC_PACKAGES = {"cli", "dashboard"}
+PUBLIC_PACKAGES = {"cli", "dashboard", "contrib"}
 
 
 def engine_modules() -> list[Path]:
