@@ -256,3 +256,29 @@ def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdura
 def _query(name: str) -> str:
     from pgdurable.sqlfiles import query
     return query(name)
+
+
+def test_a_stream_reader_is_woken_when_its_workflow_ends_without_closing_the_stream(
+        make_app: Callable[..., pgdurable.App], start_worker: Callable[..., ThreadWorker],
+        done_channel: Callable[[], list[str]]) -> None:
+    app = make_app()
+    release = threading.Event()
+
+    @app.workflow(name="open_stream")
+    def open_stream() -> None:
+        pgdurable.write_stream("out", 1)
+        release.wait(WAIT)  # ends without close_stream
+
+    start_worker(app, concurrency=2)
+    handle = app.enqueue(open_stream)
+    read: list[Any] = []
+    reader = threading.Thread(target=lambda: read.extend(app.read_stream(handle.workflow_id, "out")))
+    reader.start()
+    with psycopg.connect(app.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (1,), WAIT,
+                 "the reader to register the execution")
+    release.set()
+    reader.join(WAIT)
+    assert not reader.is_alive() and read == [1]
+    assert handle.workflow_id in done_channel()  # the end of the workflow woke the reader

@@ -1,6 +1,6 @@
 """Reading the streams workflows write (``pgdurable.write_stream``): values in order as they arrive, woken by
 NOTIFY through the App's listener thread (a stream write notifies like an event; a finished execution
-notifies its completion), until the stream is closed or its workflow ends.
+notifies the readers that registered it), until the stream is closed or its workflow ends.
 
 A read is one plan, run by the two drivers of completions.py (read_sync, read_async) as the waits are.
 """
@@ -50,6 +50,8 @@ def _read(runtime: Runtime, execution_id: str, key: str) -> Generator[Any, Any, 
     stream is closed or its execution has ended."""
     yield Listen(event_key(execution_id))
     yield Listen(execution_id)
+    # Registered as awaited: its completion notifies only then (a stream left open ends with its workflow).
+    yield store.executions.await_status(execution_id)
     after = -1
     while True:
         read: store.messaging.StreamRead = yield store.messaging.read_stream(id=execution_id, key=key, after=after,
