@@ -160,7 +160,7 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
     app, flow, j = bench.app, bench.flows["sync"]["job"], args.claim_jobs
     names = app.registry.names()
     params = {"queue": JOBS_QUEUE, "names": names, "owner": "bench-claim", "lease": 3600.0,
-              "limit": args.claim_limit, "version": app.version}
+              "limit": args.claim_limit, "version": app.version, "adopt": app.settings.adopt_after_seconds}
     # (a) and (b): a backlog claimed from here by the worker's own claim statement.
     enqueue_chunks(app, flow, [(i,) for i in range(j)], [f"x-{i}" for i in range(j)], 10_000)
     execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions")
@@ -182,7 +182,7 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
     statement_s = []
     claimed = 0
     claim = store.claims.claim(queue=JOBS_QUEUE, names=names, owner="bench-claim", lease=3600.0, limit=args.claim_limit,
-                               version=app.version)
+                               version=app.version, adopt=app.settings.adopt_after_seconds)
     with connect(args.url, args.schema) as conn:
         while True:
             t = time.perf_counter()
