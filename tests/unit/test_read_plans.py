@@ -111,8 +111,9 @@ def test_the_async_drivers_do_the_same() -> None:
 
 def _runtime(reads: list[Any]) -> Any:
     listener = FakeListener()
-    return SimpleNamespace(db=FakeDatabase(listener, {"read_stream": reads}), completions=listener,
-                           serializer=JsonSerializer())
+    # The reader registers the execution as awaited first (its completion then notifies): one status.
+    answers = {"await_status": [("running", None, None)], "read_stream": reads}
+    return SimpleNamespace(db=FakeDatabase(listener, answers), completions=listener, serializer=JsonSerializer())
 
 
 def test_a_stream_is_read_after_the_last_value_seen_until_its_close() -> None:
@@ -120,7 +121,8 @@ def test_a_stream_is_read_after_the_last_value_seen_until_its_close() -> None:
                         StreamRead(True, False, [], False),  # nothing new: nap until notified
                         StreamRead(True, False, [(5, '"c"')], True)])
     assert list(streams.read_stream(runtime, "e", "tokens")) == ["a", {"n": 2}, "c"]
-    assert [call.params["after"] for call in runtime.db.calls] == [-1, 2, 2]
+    assert [call.name for call in runtime.db.calls] == ["await_status", "read_stream", "read_stream", "read_stream"]
+    assert [call.params["after"] for call in runtime.db.calls[1:]] == [-1, 2, 2]
     assert runtime.completions.subscribed == ["event:e", "e"] and runtime.completions.live == {}
 
 
