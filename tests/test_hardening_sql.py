@@ -441,8 +441,9 @@ def test_triggers_use_pgdurable_objects_whatever_the_callers_search_path(
                                "VALUES ('child', 'x', 'parent')").format(target))
             db.execute(sql.SQL("UPDATE {}.workflow_executions SET status = 'cancelled' WHERE id = 'child'"
                                ).format(target))
-            got = {n.payload for n in listener.notifies(timeout=2.0, stop_after=3)}
-        assert got >= {"q1", "q2", "default"}
+            # (The row inserted by hand wakes nobody: enqueues ring from the insert path, insert_executions_v2.)
+            got = {n.payload for n in listener.notifies(timeout=2.0, stop_after=2)}
+        assert got >= {"q2", "default"}
         assert db.execute(sql.SQL("SELECT count(*) FROM {}.calls").format(sql.Identifier(hostile))).fetchone() == (0,)
         assert db.execute(sql.SQL("SELECT status, wakeups FROM {}.workflow_executions WHERE id = 'parent'"
                                   ).format(target)).fetchone() == ("enqueued", 1)

@@ -394,8 +394,9 @@ CREATE TABLE schedules (
 CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT paused;
 
 -- == Notifications =====================================================================================
--- Workers sleep on LISTEN and are woken by NOTIFY; polling is only the fallback. Triggers (not the client)
--- send these so that every writer, in any language, wakes everybody; NOTIFY is delivered on commit and
+-- Workers sleep on LISTEN and are woken by NOTIFY; polling is only the fallback. The SQL side (the one
+-- insert path, insert_executions_v2, and triggers on status changes), not the client, sends these, so that
+-- every writer, in any language, wakes the sleepers; NOTIFY is delivered on commit and
 -- identical payloads within a transaction are folded into one. The channels are "<schema>_<kind>" (kinds:
 -- work, done, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
 
@@ -464,21 +465,6 @@ BEGIN
 END;
 $$;
 
--- Work for a queue (an enqueue, or an execution enqueued again) rings its doorbells ("_work", payload the
--- queue). Inserts ring once per statement and queue, so a bulk enqueue of thousands of rows rings once.
-CREATE FUNCTION notify_enqueued() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    -- Most of the time no worker sleeps (busy workers claim again on their own): one cheap look first.
-    IF EXISTS (SELECT FROM worker_doorbells WHERE armed) THEN
-        PERFORM ring_doorbells(ARRAY(SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued'));
-    END IF;
-    RETURN NULL;
-END;
-$$;
-
 -- Status changes: wake workers for enqueued work, wake result waiters for finished executions ("_done",
 -- payload the id), tell the owner of a running execution that was cancelled or timed out to stop at once
 -- ("_stop"), and wake a parent waiting on a child that finished.
@@ -534,12 +520,6 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-
-CREATE TRIGGER workflow_executions_notify_insert
-    AFTER INSERT ON workflow_executions
-    REFERENCING NEW TABLE AS inserted
-    FOR EACH STATEMENT
-    EXECUTE FUNCTION notify_enqueued();
 
 CREATE TRIGGER workflow_executions_notify_update
     AFTER UPDATE OF status ON workflow_executions
@@ -695,6 +675,13 @@ BEGIN
     ON CONFLICT DO NOTHING
     RETURNING e.id, e.name, e.status, e.attempt, e.input;
     GET DIAGNOSTICS created = ROW_COUNT;
+    -- Wake the workers sleeping on these queues (doorbells): most of the time none sleeps (busy workers claim
+    -- again on their own), and one cheap look is all this costs.
+    IF EXISTS (SELECT FROM worker_doorbells WHERE armed) THEN
+        PERFORM ring_doorbells(ARRAY(
+            SELECT DISTINCT coalesce(p.queue, 'default')
+            FROM jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows) AS p));
+    END IF;
     -- A bulk enqueue (no debounce key anywhere) pays one JSON path scan here, not a second parse of its rows.
     IF NOT (rows @? '$[*].debounce_key ? (@ != null)' OR coalesce(common -> 'debounce_key', 'null') <> 'null') THEN
         IF raise_on_conflict AND created < jsonb_array_length(rows) THEN

@@ -42,16 +42,109 @@ END;
 $$;
 REVOKE ALL ON FUNCTION ring_doorbells(text[]) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION notify_enqueued() RETURNS trigger
+-- Enqueues ring from the one insert path (insert_executions_v2, which enqueue_workflow, schedules, children
+-- and table bindings all use) rather than from a statement trigger: the trigger's transition table and event
+-- queue cost the enqueuing transactions more than the look at the bells does.
+DROP TRIGGER workflow_executions_notify_insert ON workflow_executions;
+DROP FUNCTION notify_enqueued();
+
+CREATE OR REPLACE FUNCTION insert_executions_v2(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
+RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+#variable_conflict use_column
+DECLARE
+    at timestamptz := clock_now();
+    created integer;
+    debounced integer;
 BEGIN
-    -- Most of the time no worker sleeps (busy workers claim again on their own): one cheap look first.
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, deadline, dedup_key, concurrency_key,
+                                          trace_context, parent_id, forked_from, owner_id, lease_expires, attempt,
+                                          started_at, app_version, created_at, updated_at, tags)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.owned THEN 'running' WHEN s.delayed THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.delayed THEN 'delay' END,
+           s.timeout_seconds,
+           CASE WHEN s.owned AND s.timeout_seconds IS NOT NULL
+                THEN least(coalesce(s.deadline, 'infinity'),
+                           at + make_interval(secs => least(s.timeout_seconds, 315360000)))
+                ELSE s.deadline END,
+           s.dedup_key, s.concurrency_key, nullif(s.trace_context, 'null'), s.parent_id, s.forked_from,
+           s.owner_id,
+           CASE WHEN s.owned THEN now() + make_interval(secs => s.lease_seconds) END,
+           CASE WHEN s.owned THEN 1 ELSE 0 END,
+           CASE WHEN s.owned THEN at END,
+           s.app_version, at, at, nullif(nullif(s.tags, 'null'), '{}')
+    FROM (
+        SELECT p.*, p.owner_id IS NOT NULL AS owned,
+               coalesce(p.start_at, at + make_interval(secs => coalesce(p.delay_seconds, 0))) AS available_at,
+               p.owner_id IS NULL AND (p.delay_seconds > 0 OR p.start_at > at) AS delayed
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows))
+                 WITH ORDINALITY AS p
+        WHERE p.debounce_key IS NULL
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT DO NOTHING
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS created = ROW_COUNT;
+    -- Wake the workers sleeping on these queues (doorbells): most of the time none sleeps (busy workers claim
+    -- again on their own), and one cheap look is all this costs.
     IF EXISTS (SELECT FROM worker_doorbells WHERE armed) THEN
-        PERFORM ring_doorbells(ARRAY(SELECT DISTINCT queue FROM inserted WHERE status = 'enqueued'));
+        PERFORM ring_doorbells(ARRAY(
+            SELECT DISTINCT coalesce(p.queue, 'default')
+            FROM jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows) AS p));
     END IF;
-    RETURN NULL;
+    -- A bulk enqueue (no debounce key anywhere) pays one JSON path scan here, not a second parse of its rows.
+    IF NOT (rows @? '$[*].debounce_key ? (@ != null)' OR coalesce(common -> 'debounce_key', 'null') <> 'null') THEN
+        IF raise_on_conflict AND created < jsonb_array_length(rows) THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+                USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+        END IF;
+        RETURN;
+    END IF;
+
+    -- Debounced: one pending (not yet started) execution per (workflow, key). A later enqueue of the burst
+    -- takes its place: its arguments and tags, and a start debounce_seconds from now, but never after the
+    -- burst's deadline (its first enqueue plus debounce_max_seconds). A row a worker is claiming at this
+    -- moment is waited for; once started it is no longer pending, so this insert starts the next burst.
+    RETURN QUERY
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, concurrency_key, trace_context,
+                                          created_at, updated_at, tags, debounce_key, debounce_deadline)
+    SELECT s.id, s.name, coalesce(s.queue, 'default'), coalesce(s.priority, 0), coalesce(s.input, '{}'),
+           coalesce(s.max_recoveries, 5), s.available_at,
+           CASE WHEN s.available_at > at THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN s.available_at > at THEN 'delay' END,
+           s.timeout_seconds, s.concurrency_key, nullif(s.trace_context, 'null'), at, at,
+           nullif(nullif(s.tags, 'null'), '{}'), s.debounce_key, s.debounce_deadline
+    FROM (
+        SELECT p.*, least(at + make_interval(secs => coalesce(p.debounce_seconds, 0)), d.deadline) AS available_at,
+               d.deadline AS debounce_deadline
+        FROM ROWS FROM (jsonb_populate_recordset(jsonb_populate_record(NULL::execution_spec_v2, common), rows))
+                 WITH ORDINALITY AS p,
+             LATERAL (SELECT at + make_interval(secs => p.debounce_max_seconds) AS deadline) AS d
+        WHERE p.debounce_key IS NOT NULL
+        ORDER BY p.ordinality
+    ) AS s
+    ON CONFLICT (name, debounce_key)
+        WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status IN ('enqueued', 'waiting')
+    DO UPDATE SET
+        input = EXCLUDED.input, tags = EXCLUDED.tags, priority = EXCLUDED.priority,
+        timeout_seconds = EXCLUDED.timeout_seconds, concurrency_key = EXCLUDED.concurrency_key,
+        available_at = least(EXCLUDED.available_at, e.debounce_deadline),
+        status = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'waiting' ELSE 'enqueued' END,
+        wait_reason = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'delay' END,
+        updated_at = at
+    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    GET DIAGNOSTICS debounced = ROW_COUNT;
+    IF raise_on_conflict AND created + debounced < jsonb_array_length(rows) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
+            USING ERRCODE = '23505', DETAIL = 'insert_executions_v2: an id given is taken';
+    END IF;
 END;
 $$;
 
