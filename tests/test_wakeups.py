@@ -15,20 +15,32 @@ from psycopg import sql
 
 import pgdurable
 from pgdurable import channels, store
+from pgdurable.sqlfiles import query as _query
 from tests.conftest import ThreadWorker
 from tests.harness import WAIT, wait_for
 
 
-@pytest.fixture
-def listening(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
-    """A connection listening on the schema's work channel; calling the fixture returns what arrived."""
+def _listener(database_url: str, schema: str, kind: channels.Kind) -> Iterator[Callable[[], list[str]]]:
+    """A connection listening on one of the schema's channels; calling what it yields returns what arrived."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(channels.listen(schema, "work"))
+        conn.execute(channels.listen(schema, kind))
 
         def received() -> list[str]:
             conn.execute("SELECT 1")  # let pending notifications in
             return [notice.payload for notice in conn.notifies(timeout=0.2)]
         yield received
+
+
+@pytest.fixture
+def listening(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    """What arrived on the work channel (doorbells)."""
+    yield from _listener(database_url, schema, "work")
+
+
+@pytest.fixture
+def done_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    """What arrived on the done channel (result waiters)."""
+    yield from _listener(database_url, schema, "done")
 
 
 def enqueue_sql(conn: psycopg.Connection[Any], queue: str = "q") -> None:
@@ -149,17 +161,6 @@ def test_work_that_slipped_past_the_bell_is_found_by_the_idle_backoff(
 
 # ---- result waiters: a finished execution notifies only if someone waits for it ------------------------------
 
-@pytest.fixture
-def done_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(channels.listen(schema, "done"))
-
-        def received() -> list[str]:
-            conn.execute("SELECT 1")
-            return [notice.payload for notice in conn.notifies(timeout=0.2)]
-        yield received
-
-
 def finish(conn: psycopg.Connection[Any], execution_id: str) -> None:
     conn.execute("UPDATE workflow_executions SET status = 'succeeded', output = '1' WHERE id = %s", (execution_id,))
 
@@ -251,11 +252,6 @@ def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdura
     waiting.join(WAIT)
     assert not waiting.is_alive()
     assert done_channel() == [handle.workflow_id]  # the awaited one notified; the unawaited one did not
-
-
-def _query(name: str) -> str:
-    from pgdurable.sqlfiles import query
-    return query(name)
 
 
 def test_a_stream_reader_is_woken_when_its_workflow_ends_without_closing_the_stream(

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from typing import Annotated
 
 import typer
 
 from ..errors import ConfigurationError
+from ..worker import run_until_stopped
 from ._common import fail, load_app, setup_logging
 
 
@@ -32,8 +30,6 @@ def worker(
     """
     setup_logging(verbose)
     app = load_app(target)
-    import asyncio
-
     if metrics_port is not None:
         try:
             from ..metrics import PrometheusMetrics
@@ -48,12 +44,4 @@ def worker(
     except ConfigurationError as exc:
         fail(f"worker: {exc}")
 
-    runner = app.worker(queues=queue or None, concurrency=concurrency)
-    asyncio.run(runner.run(handle_signals=True))
-    if runner.busy_threads:
-        # Released sync workflows may still sit in a step; their work is back on the queue, so leave now.
-        logging.getLogger("pgdurable.worker").info("exiting with %d released workflow thread(s) still busy",
-                                                   runner.busy_threads)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    run_until_stopped(app.worker(queues=queue or None, concurrency=concurrency))

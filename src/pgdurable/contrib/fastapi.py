@@ -90,18 +90,15 @@ async def _connection(request: Request) -> AsyncIterator[psycopg.AsyncConnection
 Connection = Annotated[psycopg.AsyncConnection[Any], Depends(_connection, scope="function")]
 
 
-async def _session(request: Request) -> AsyncIterator[Any]:
-    from sqlalchemy.ext.asyncio import AsyncSession
-
-    async with async_session_transaction(_app_of(request).db, AsyncSession) as (session, _):
-        yield session
-
-
 try:
     from sqlalchemy.ext.asyncio import AsyncSession
 except ImportError:  # without the sqlalchemy extra there is no Session dependency
     pass
 else:
+    async def _session(request: Request) -> AsyncIterator[AsyncSession]:
+        async with async_session_transaction(_app_of(request).db, AsyncSession) as (session, _):
+            yield session
+
     # A SQLAlchemy AsyncSession (postgresql+psycopg) in the request's transaction, ended as Connection's is:
     # what it flushes, and what is enqueued with conn=session, commits before the response is sent.
     Session = Annotated[AsyncSession, Depends(_session, scope="function")]

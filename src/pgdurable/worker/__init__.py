@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,7 +46,7 @@ from .producer import Producer
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["Running", "Worker"]
+__all__ = ["Running", "Worker", "run_until_stopped"]
 
 log = logging.getLogger("pgdurable.worker")
 T = TypeVar("T")
@@ -273,3 +274,15 @@ class Worker:
         """Entry point for App.start from another thread: a new execution has no recorded steps."""
         await self._started.wait()
         self.adopt(claimed, {}, trace=trace)
+
+
+def run_until_stopped(worker: Worker) -> None:
+    """A worker process's main: run ``worker`` until SIGTERM/SIGINT (``pgdurable worker``, ``manage.py
+    pgdurable_worker``). Released sync workflows may still sit in a step at the end, their work back on the
+    queue: then the process leaves at once instead of waiting for their threads."""
+    asyncio.run(worker.run(handle_signals=True))
+    if worker.busy_threads:
+        log.info("exiting with %d released workflow thread(s) still busy", worker.busy_threads)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -3,11 +3,7 @@ workflows and steps use the Django ORM."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import logging
-import os
-import sys
 from argparse import ArgumentParser
 from typing import Any
 
@@ -18,6 +14,7 @@ from pgdurable.cli._common import setup_logging
 from pgdurable.contrib.django.durable import setting
 from pgdurable.errors import ConfigurationError
 from pgdurable.startup import wait_for_database
+from pgdurable.worker import run_until_stopped
 
 
 class Command(BaseCommand):
@@ -49,11 +46,4 @@ class Command(BaseCommand):
             wait_for_database(app.db, wait_for_db)
         except ConfigurationError as exc:
             raise CommandError(f"pgdurable_worker: {exc}") from None
-        runner = app.worker(queues=queues, concurrency=concurrency)
-        asyncio.run(runner.run(handle_signals=True))
-        if runner.busy_threads:  # released sync workflows may still sit in a step: their work is back on the queue
-            logging.getLogger("pgdurable.worker").info("exiting with %d released workflow thread(s) still busy",
-                                                       runner.busy_threads)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        run_until_stopped(app.worker(queues=queues, concurrency=concurrency))
