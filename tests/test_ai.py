@@ -120,7 +120,9 @@ def test_killed_worker_resumes_without_repeating_model_calls_or_tool_effects(
         setup: Setup, spawn_worker: Callable[..., subprocess.Popen[bytes]], database_url: str, schema: str) -> None:
     setup.gate.touch()
     env = setup.env()
-    first = spawn_worker("tests.apps.agents:app", "-c", "2", env=env)
+    # A lease no stall of a loaded machine outlasts: the first worker must not lose the run before it is killed
+    # (it would then run its unrecorded model call again itself, which is not what this test is about).
+    first = spawn_worker("tests.apps.agents:app", "-c", "2", env={**env, "AGENT_LEASE": "6.0"})
     handle = setup.app.enqueue("probe.run", prompt="go", workflow_id="probe-crash")
     # The transactional tool committed, the second turn is recorded, and the pause tool is running: kill.
     wait_for(lambda: setup.labels()["probe.pause"] == 1, WAIT, "the run to reach its second tool call")

@@ -24,15 +24,13 @@ TIMEOUT = 400.0
 SKIP_CHAOS = os.environ.get("PGDURABLE_SKIP_CHAOS", "")
 
 
-@pytest.mark.skipif(bool(SKIP_CHAOS), reason=f"PGDURABLE_SKIP_CHAOS={SKIP_CHAOS!r}: the fault-injection test "
-                                             "runs once per CI, in its own step of .ci/run")
-@pytest.mark.timeout(TIMEOUT + 90)
-def test_chaos_ci_mode_passes() -> None:
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "chaos.py"), "--ci"], cwd=REPO,
+def run_chaos(*options: str, timeout: float = TIMEOUT) -> str:
+    """Run ``bench/chaos.py --ci`` with these options; its output, or the test fails with it."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "chaos.py"), "--ci", *options], cwd=REPO,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
+        output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)  # the script stops its workers and its server, then prints its table
         try:
@@ -40,9 +38,17 @@ def test_chaos_ci_mode_passes() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
-        pytest.fail(f"bench/chaos.py --ci did not finish in {TIMEOUT:.0f} s:\n{output}")
+        pytest.fail(f"bench/chaos.py --ci {' '.join(options)} did not finish in {timeout:.0f} s:\n{output}")
     print(output)
     assert proc.returncode == 0, f"bench/chaos.py --ci failed (exit code {proc.returncode}):\n{output}"
+    return output
+
+
+@pytest.mark.skipif(bool(SKIP_CHAOS), reason=f"PGDURABLE_SKIP_CHAOS={SKIP_CHAOS!r}: the fault-injection test "
+                                             "runs once per CI, in its own step of .ci/run")
+@pytest.mark.timeout(TIMEOUT + 90)
+def test_chaos_ci_mode_passes() -> None:
+    output = run_chaos()
     assert "\nPASS: 9 scenarios" in output, output
 
 

@@ -1,9 +1,11 @@
 """pgdurable on a Citus coordinator (docs/scale-out.md). Needs a Citus cluster (tests/citus_cluster.py); without
 one these tests skip, saying why.
 
-Today a Citus database holds pgdurable's tables on its coordinator, undistributed: the migrations must apply
-there (Citus propagates new functions to its worker nodes unless told to defer, and then refuses a migration's
-ALTER FUNCTION ... SET search_path FROM CURRENT) and everything must work as on a single-node PostgreSQL."""
+With the Citus setting off (``App(citus="off")``, ``PGDURABLE_CITUS=off``) a Citus database holds pgdurable's
+tables on its coordinator, undistributed: the migrations must apply there (Citus propagates new functions to its
+worker nodes unless told to defer, and then refuses a migration's ALTER FUNCTION ... SET search_path FROM
+CURRENT) and everything must work as on a single-node PostgreSQL. The distributed layout, the default on Citus,
+is tested by tests/test_citus_layout.py."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ citus_url = citus_cluster.citus_url
 @pytest.fixture
 def citus_app(citus_url: str) -> Iterator[pgdurable.App]:
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    app = pgdurable.App(citus_url, schema=schema, **FAST)
+    app = pgdurable.App(citus_url, schema=schema, citus="off", **FAST)
     yield app
     app.close()
     with psycopg.connect(citus_url, autocommit=True) as conn:

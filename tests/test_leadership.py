@@ -94,7 +94,11 @@ def h(spawn_worker: Callable[..., subprocess.Popen[bytes]], make_app: Callable[.
 def test_killed_leader_hands_over_and_its_expired_lease_is_swept(h: WorkerHarness, schema: str,
                                                                  tmp_path: Path) -> None:
     effects = str(tmp_path / "effects.log")
-    first = h.start(("-c", "2"), {"CRASHY_EFFECTS": effects}, wait=True)
+    # The first worker runs its steps 20 times slower (8 s each), so the workflow is still on it when it is
+    # killed however long the second worker takes to start on a loaded machine, and holds a 6 s lease, which
+    # cannot lapse before the kill: the survivor's sweep is what this test is about.
+    first = h.start(("-c", "2"), {"CRASHY_EFFECTS": effects, "CRASHY_LEASE": "6.0", "CRASHY_SLOW": "20"},
+                    wait=True)
     wait_for(lambda: "elected leader" in h.log(first), 15, "the first worker to lead")
     wid = h.client.enqueue(h.wf.chain, steps=6, seconds=0.4).workflow_id
     wait_for(lambda: (e := h.execution(wid))["status"] == "running" and e["attempt"] == 1, 15,
@@ -111,7 +115,7 @@ def test_killed_leader_hands_over_and_its_expired_lease_is_swept(h: WorkerHarnes
     # The killed leader's session ends with it, and its lock: the follower is elected at its next try.
     wait_for(lambda: "elected leader" in h.log(second), 15, "the survivor to be elected leader")
     # As the leader it sweeps the dead worker's expired lease; the workflow then completes on it.
-    h.wait_status(wid, {"succeeded"}, timeout=20)
+    h.wait_status(wid, {"succeeded"}, timeout=60)
     execution = h.execution(wid)
     assert execution["attempt"] == 2 and execution["recoveries"] == 1
     assert execution["output"]["pid"] == second.pid

@@ -539,7 +539,7 @@ class App(ScheduleCalls, BindingCalls):
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied."""
-        return migrate(self.db.conninfo, self.schema)
+        return migrate(self.db.conninfo, self.schema, citus_mode=self.db.citus_mode)
 
     async def migrate_async(self) -> list[int]:
         return await asyncio.to_thread(self.migrate)

@@ -1,5 +1,5 @@
 """Group commit for one worker: the checkpoints and completions of all its running executions, written
-together in one statement.
+together in one statement (on a schema with the Citus layout, one transaction per bucket: see ``_Plan``).
 
 While a batch is in flight, new writes queue up and go out together in the next one, so a lone workflow
 pays one round trip per step and a busy worker pays one commit for many steps. Exactly one batch runs at a
@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ import psycopg
 
 from . import store
 from .errors import SerializationError
+from .waiting import cancel_and_wait
 
 log = logging.getLogger("pgdurable.worker")
 T = TypeVar("T")
@@ -35,6 +36,8 @@ T = TypeVar("T")
 # A batch that fails is retried this many times (reconnecting) before its writers are told it failed.
 _FLUSH_ATTEMPTS = 3
 _MAX_BATCH = 2000
+# The buckets of execution ids a writer remembers (Citus), at most: then it forgets them all and asks again.
+_MAX_BUCKETS = 50_000
 
 
 @dataclass(slots=True)
@@ -111,6 +114,7 @@ class WriteBatcher:
         self._kick = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._buckets: dict[str, int] = {}  # execution id -> its bucket, on a schema with the Citus layout
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -118,8 +122,7 @@ class WriteBatcher:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
         if self._aconn is not None:
             await self._aconn.close()
         if self._conn is not None:
@@ -177,13 +180,18 @@ class WriteBatcher:
             self._busy = False
         return batch
 
+    def _plan(self, batch: list[tuple[Item, Waiter]]) -> _Plan:
+        if len(self._buckets) > _MAX_BUCKETS:
+            self._buckets.clear()
+        return _Plan(batch, self._buckets)
+
     def _lead(self) -> None:
         """In a workflow thread that found the writer idle: run one batch, hand any rest to the loop."""
         with self._lock:
             batch = self._take()
         if not batch:
             return
-        plan = _Plan(batch)
+        plan = self._plan(batch)
         for attempt in range(1, _FLUSH_ATTEMPTS + 1):
             try:
                 if self._conn is None or self._conn.closed:
@@ -192,7 +200,8 @@ class WriteBatcher:
                 break
             except Exception as exc:  # the connection (psycopg.Error), or a bug: never lose the waiters
                 plan.failed(exc, attempt)
-                self._conn = None
+                if not _reusable(self._conn):
+                    self._conn = None
                 time.sleep(0.2 * attempt)
         plan.settle(self._loop)
         with self._lock:
@@ -214,7 +223,7 @@ class WriteBatcher:
                 await self._flush(batch)
 
     async def _flush(self, batch: list[tuple[Item, Waiter]]) -> None:
-        plan = _Plan(batch)
+        plan = self._plan(batch)
         for attempt in range(1, _FLUSH_ATTEMPTS + 1):
             try:
                 if self._aconn is None or self._aconn.closed:
@@ -223,7 +232,8 @@ class WriteBatcher:
                 break
             except Exception as exc:  # the connection (psycopg.Error), or a bug: never lose the waiters
                 plan.failed(exc, attempt)
-                self._aconn = None
+                if not _reusable(self._aconn):
+                    self._aconn = None
                 await asyncio.sleep(0.2 * attempt)
         plan.settle(None)
 
@@ -233,84 +243,145 @@ class WriteBatcher:
             self._loop.call_soon_threadsafe(callback)
 
 
+@dataclass(frozen=True)
+class _Atomic:
+    """Statements a batch runs in one transaction."""
+
+    calls: list[store.Call[Any]]
+
+
+_DONE = object()  # what _resume returns once a plan has ended
+
+
+def _resume(plan: Generator[Any, Any, None], result: Any, error: BaseException | None) -> Any:
+    """The plan's next request, given the last one's result or error; _DONE once it has ended."""
+    try:
+        return plan.throw(error) if error is not None else plan.send(result)
+    except StopIteration:
+        return _DONE
+
+
+def _run_request(conn: psycopg.Connection[Any], request: store.Call[Any] | _Atomic) -> Any:
+    if not isinstance(request, _Atomic):
+        return store.run(conn, request)
+    with conn.transaction():
+        return [store.run(conn, call) for call in request.calls]
+
+
+async def _arun_request(conn: psycopg.AsyncConnection[Any], request: store.Call[Any] | _Atomic) -> Any:
+    if not isinstance(request, _Atomic):
+        return await store.arun(conn, request)
+    async with conn.transaction():
+        return [await store.arun(conn, call) for call in request.calls]
+
+
 class _Plan:
     """One batch: its writes as at most two statements in one transaction, then any other statements.
 
+    On a schema with the Citus layout, one such transaction per bucket of the batch (the buckets of its
+    execution ids asked of the coordinator once, then remembered): each commits on one node in one phase, and
+    a bucket whose statement fails (cancelled, timed out, its node down) does not hold back the others. An
+    attempt that failed is made again for the writes of the buckets that did not commit, only.
+
     A write the database refuses for its data (an invalid value, a broken constraint) must not charge the
-    other writes of the batch: the batch is then written again one write at a time, and only the writes
-    refused on their own are reported as refused.
+    other writes of the batch: the batch (or the bucket's part of it) is then written again one write at a
+    time, and only the writes refused on their own are reported as refused.
     """
 
-    def __init__(self, batch: list[tuple[Item, Waiter]]) -> None:
+    def __init__(self, batch: list[tuple[Item, Waiter]], buckets: dict[str, int] | None = None) -> None:
         self.batch = batch
         self.writes = [(item, waiter) for item, waiter in batch if not isinstance(item, Statement)]
         self.statements = [(item, waiter) for item, waiter in batch if isinstance(item, Statement)]
-        self.written: set[store.checkpoints.WriteKey] = set()
+        self.written: set[store.checkpoints.WriteKey] = set()  # committed only
         self.refused: dict[int, BaseException] = {}
         self.outcomes: dict[int, tuple[Any, BaseException | None]] = {}
         self.failure: BaseException | None = None
+        self.buckets = {} if buckets is None else buckets
+        self.settled: set[int] = set()  # waiters whose writes committed or were refused: not written again
 
     def execute(self, conn: psycopg.Connection[Any]) -> None:
-        self.written, self.refused = set(), {}
-        try:
-            self._write(conn, self.writes)
-        except Exception as exc:
-            if not self._refuse(self.writes, exc):
-                raise
-            for one in self.writes if len(self.writes) > 1 else ():
-                try:
-                    self._write(conn, [one])
-                except Exception as single:
-                    if not self._refuse([one], single):
-                        raise
-        for item, waiter in self.statements:
+        """Run the batch on the writer's sync connection (from a workflow thread that leads)."""
+        plan = self._statements(conn)
+        request = _resume(plan, None, None)
+        while request is not _DONE:
             try:
-                self.outcomes[id(waiter)] = (store.run(conn, item.call), None)
-            except psycopg.Error as exc:
-                self.outcomes[id(waiter)] = (None, exc)
-        self.failure = None
+                result, error = _run_request(conn, request), None
+            except Exception as exc:  # thrown into the plan, which decides
+                result, error = None, exc
+            request = _resume(plan, result, error)
 
     async def aexecute(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.written, self.refused = set(), {}
-        try:
-            await self._awrite(conn, self.writes)
-        except Exception as exc:
-            if not self._refuse(self.writes, exc):
-                raise
-            for one in self.writes if len(self.writes) > 1 else ():
+        """Run the batch on the writer's async connection (the event loop's flusher)."""
+        plan = self._statements(conn)
+        request = _resume(plan, None, None)
+        while request is not _DONE:
+            try:
+                result, error = await _arun_request(conn, request), None
+            except Exception as exc:
+                result, error = None, exc
+            request = _resume(plan, result, error)
+
+    def _statements(self, conn: Any) -> Generator[Any, Any, None]:
+        """The batch, written once for both connections: yields a ``store.Call`` to run (or an ``_Atomic`` of
+        several, in one transaction) and receives its result, or has its exception thrown in."""
+        todo = [(item, waiter) for item, waiter in self.writes if id(waiter) not in self.settled]
+        self.refused = {key: exc for key, exc in self.refused.items() if key in self.settled}
+        unknown = self._unknown(conn, todo)
+        if unknown:
+            found: dict[str, int] = yield store.claims.buckets_of(unknown)
+            self.buckets.update(found)
+        failure: BaseException | None = None
+        for group in self._groups(conn, todo):
+            try:
                 try:
-                    await self._awrite(conn, [one])
-                except Exception as single:
-                    if not self._refuse([one], single):
+                    yield from self._write(group)
+                except Exception as exc:
+                    if not self._refuse(group, exc):
                         raise
+                    for one in group if len(group) > 1 else ():
+                        try:
+                            yield from self._write([one])
+                        except Exception as single:
+                            if not self._refuse([one], single):
+                                raise
+            except Exception as exc:
+                failure = failure or exc
+                continue
+            self.settled.update(id(waiter) for _, waiter in group)
+        if failure is not None:
+            raise failure
         for item, waiter in self.statements:
             try:
-                self.outcomes[id(waiter)] = (await store.arun(conn, item.call), None)
+                self.outcomes[id(waiter)] = ((yield item.call), None)
             except psycopg.Error as exc:
                 self.outcomes[id(waiter)] = (None, exc)
         self.failure = None
 
-    def _write(self, conn: psycopg.Connection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
-        calls, written = _write_calls(writes), set[store.checkpoints.WriteKey]()
-        if len(calls) > 1:
-            with conn.transaction():  # both kinds: still one commit
-                for call in calls:
-                    rows: set[store.checkpoints.WriteKey] = store.run(conn, call)
-                    written.update(rows)
-        elif calls:
-            written = store.run(conn, calls[0])
-        self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
+    def _unknown(self, conn: Any, todo: Sequence[tuple[StepWrite | Completion, Waiter]]) -> list[str]:
+        """The execution ids of ``todo`` whose bucket must be asked for: on Citus, when they are several."""
+        if not store.calls.on_citus(conn):
+            return []
+        ids = list(dict.fromkeys(item.execution_id for item, _ in todo))
+        return [i for i in ids if i not in self.buckets] if len(ids) > 1 else []
 
-    async def _awrite(self, conn: psycopg.AsyncConnection[Any], writes: Sequence[tuple[Item, Waiter]]) -> None:
+    def _groups(self, conn: Any, todo: Sequence[tuple[StepWrite | Completion, Waiter]]
+                ) -> list[list[tuple[Item, Waiter]]]:
+        """The writes of ``todo`` by transaction: all of them on a single node, one bucket each on Citus."""
+        if not store.calls.on_citus(conn):
+            return [list(todo)]
+        groups: dict[int, list[tuple[Item, Waiter]]] = {}
+        for item, waiter in todo:
+            groups.setdefault(self.buckets.get(item.execution_id, -1), []).append((item, waiter))
+        return list(groups.values())
+
+    def _write(self, writes: Sequence[tuple[Item, Waiter]]) -> Generator[Any, Any, None]:
         calls, written = _write_calls(writes), set[store.checkpoints.WriteKey]()
-        if len(calls) > 1:
-            async with conn.transaction():
-                for call in calls:
-                    rows: set[store.checkpoints.WriteKey] = await store.arun(conn, call)
-                    written.update(rows)
+        if len(calls) > 1:  # both kinds: still one commit
+            for rows in (yield _Atomic(calls)):
+                written.update(rows)
         elif calls:
-            written = await store.arun(conn, calls[0])
-        self.written.update(written)
+            written = yield calls[0]
+        self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
 
     def _refuse(self, writes: Sequence[tuple[Item, Waiter]], exc: BaseException) -> bool:
         """After the database refused ``writes`` for their data: a single write is marked refused, several
@@ -330,7 +401,6 @@ class _Plan:
 
     def failed(self, exc: BaseException, attempt: int) -> None:
         self.failure = exc
-        self.written = set()
         log.warning("write batch of %d failed (attempt %d of %d): %s", len(self.batch), attempt,
                     _FLUSH_ATTEMPTS, exc)
 
@@ -373,6 +443,15 @@ def _write_calls(writes: Sequence[tuple[Item, Waiter]]) -> list[store.Call[set[s
     if done:
         calls.append(store.checkpoints.write_completions("[" + ",".join(done) + "]"))
     return calls
+
+
+def _reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
+    """Whether the writer's connection may run the batch's next attempt: a statement cancelled (a timeout, a
+    pg_cancel_backend) leaves it whole and idle. A new session would cost more than the retry: on Citus its
+    first statement also connects to the worker nodes, which under a short statement_timeout is cancelled in
+    turn (and so is the first statement after a cancel, which Citus answers by dropping its node connection)."""
+    return (conn is not None and not conn.closed and not conn.broken
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
 
 def _refused_for_its_data(exc: BaseException) -> bool:

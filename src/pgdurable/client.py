@@ -13,6 +13,7 @@ import psycopg
 from . import store
 from .completions import Listen, Nap, wait_async, wait_sync
 from .context import current
+from .dberrors import transient
 from .effects import Pause
 from .errors import ResultTimeout, WorkflowNotFound, outcome_error
 from .primitives import gather, gather_async
@@ -90,20 +91,23 @@ class WorkflowHandle(Generic[R]):
     # -- shared -------------------------------------------------------------------------------------------
 
     def _finished(self, timeout: float | None) -> Generator[Any, Any, tuple[Any, ...]]:
-        """The wait for the outcome, written once for both drivers: look; if unfinished, listen for its
-        completion and look again (a completion between the two looks is seen by one of them), then sleep
-        until notified or the re-check interval, until the deadline."""
+        """The wait for the outcome, written once for both drivers. Listening already: subscribe, then one
+        look, which registers an unfinished execution as awaited (only then does its completion notify).
+        Not yet: look first, and only if it is unfinished listen and look again, registering (a completion
+        between the two looks is seen by the second). Then sleep until notified or the re-check interval,
+        and look, until the deadline."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        outcome = yield from self._status(deadline)
-        if not self._is_final(outcome):
+        subscribed = yield Listen(self.workflow_id, if_listening=True)
+        look = store.executions.await_status if subscribed else store.executions.get_status
+        outcome = yield from self._status(deadline, look)
+        if not subscribed and not self._is_final(outcome):
             yield Listen(self.workflow_id)
-            # The second look registers the execution as awaited: only then does its completion notify.
-            look = store.executions.await_status
-            while not self._is_final(outcome := (yield from self._status(deadline, look))):
-                look = store.executions.get_status
-                if deadline is not None and deadline - time.monotonic() <= 0:
-                    raise ResultTimeout((yield from self._timeout_message(timeout)))
-                yield Nap(self._wait_time(deadline))
+            outcome = yield from self._status(deadline, store.executions.await_status)
+        while not self._is_final(outcome):
+            if deadline is not None and deadline - time.monotonic() <= 0:
+                raise ResultTimeout((yield from self._timeout_message(timeout)))
+            yield Nap(self._wait_time(deadline))
+            outcome = yield from self._status(deadline, store.executions.get_status)
         assert outcome is not None
         return outcome
 
@@ -124,15 +128,16 @@ class WorkflowHandle(Generic[R]):
 
     def _status(self, deadline: float | None, look: Callable[[str], store.Call[Status]] = store.executions.get_status,
                 ) -> Generator[Any, Any, Status]:
-        """The execution's status row. A lost connection (a server restart, a terminated backend) is not the
-        workflow's outcome: the pool replaces the connection, and the wait goes on until the deadline."""
+        """The execution's status row. A lost connection (a server restart, a terminated backend, on Citus a
+        worker node down) is not the workflow's outcome: the pool replaces the connection, and the wait goes on
+        until the deadline."""
         delay = _RETRY_FIRST_SECONDS
         while True:
             try:
                 row: Status = yield look(self.workflow_id)
                 return row
-            except psycopg.OperationalError as exc:
-                if deadline is not None and time.monotonic() + delay > deadline:
+            except psycopg.Error as exc:
+                if not transient(exc) or (deadline is not None and time.monotonic() + delay > deadline):
                     raise
                 log.info("waiting for %s: status check failed (%s); retrying", self.workflow_id, exc)
                 yield Pause(delay)

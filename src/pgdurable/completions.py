@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from . import channels
 from .db import Database
 from .effects import Pause
+from .waiting import wait_event
 
 log = logging.getLogger("pgdurable")
 T = TypeVar("T")
@@ -47,6 +48,11 @@ class CompletionListener:
                     if not waiters:
                         del self._waiters[execution_id]
         return unsubscribe
+
+    @property
+    def listening(self) -> bool:
+        """Whether the LISTEN connection is up (an earlier wait started it)."""
+        return self._listening.is_set() and not self._stopped.is_set()
 
     def _ensure_running(self) -> None:
         with self._lock:
@@ -102,7 +108,11 @@ def event_key(execution_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Listen:
+    """Subscribe to the notifications of ``key``; the plan is sent whether it subscribed. With
+    ``if_listening``, only if the application's listener already listens (subscribing then costs nothing;
+    otherwise a wait that may end at its first look need not start the listener)."""
     key: str
+    if_listening: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +158,11 @@ def read_sync(db: Database, listener: CompletionListener, plan: Generator[Any, A
             if isinstance(effect, Emit):
                 yield from effect.values
             elif isinstance(effect, Listen):
-                unsubscribes.append(listener.subscribe(effect.key, woken.set))
+                if not effect.if_listening or listener.listening:
+                    unsubscribes.append(listener.subscribe(effect.key, woken.set))
+                    result = True
+                else:
+                    result = False
             elif isinstance(effect, Nap):
                 woken.wait(effect.seconds)
                 woken.clear()
@@ -186,10 +200,16 @@ async def read_async(db: Database, listener: CompletionListener,
                 for value in effect.values:
                     yield value
             elif isinstance(effect, Listen):
-                unsubscribes.append(await asyncio.to_thread(listener.subscribe, effect.key, wake))
+                if listener.listening:  # subscribing does not block
+                    unsubscribes.append(listener.subscribe(effect.key, wake))
+                    result = True
+                elif not effect.if_listening:  # the first subscription waits for the listener to connect
+                    unsubscribes.append(await asyncio.to_thread(listener.subscribe, effect.key, wake))
+                    result = True
+                else:
+                    result = False
             elif isinstance(effect, Nap):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), effect.seconds)
+                await wait_event(woken, effect.seconds)
                 woken.clear()
             elif isinstance(effect, Pause):
                 await asyncio.sleep(effect.seconds)

@@ -70,6 +70,10 @@ class Settings:
     # None: strict per-version mode, executions wait for a worker of their own version. More than the
     # workers' heartbeat interval (lease_seconds / 3), so that a live worker is never taken for a gone one.
     adopt_after_seconds: float | None = 60.0
+    # Citus (docs/scale-out.md): on a database with the citus extension, "auto" and "on" give a schema the
+    # distributed layout when migrating it, "off" keeps it on the coordinator, undistributed ("on" also refuses
+    # a database without Citus). None: ``PGDURABLE_CITUS``, else "auto".
+    citus: str | None = None
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:
@@ -80,6 +84,8 @@ class Settings:
             raise ConfigurationError("max_payload_bytes must be at least 1024")
         if self.retention_seconds is not None and self.retention_seconds < 0:
             raise ConfigurationError("retention_seconds must be >= 0 (or None to keep everything)")
+        if self.citus is not None and self.citus not in ("auto", "on", "off"):
+            raise ConfigurationError(f"citus must be 'auto', 'on' or 'off', not {self.citus!r}")
         if self.retention_batch_size < 1:
             raise ConfigurationError("retention_batch_size must be at least 1")
         if self.adopt_after_seconds is not None and not self.adopt_after_seconds > self.heartbeat_seconds:

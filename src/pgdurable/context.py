@@ -51,6 +51,10 @@ class ExecutionContext:
         self.loop = loop
         self._next_step = 0
         self.lost = False
+        # A bound, on this process's monotonic clock, after which the lease has certainly run out unless a
+        # heartbeat renewed it (set from the claim, moved on by each heartbeat that found it owned): a
+        # worker that was paused past it knows it lost the execution without asking the database.
+        self.lease_ends_by: float | None = None
         # Set when the code called another step than the history has at an ordinal: the attempt stops and
         # the execution is parked, whatever the workflow does with the exception.
         self.mismatch: str | None = None
@@ -60,6 +64,9 @@ class ExecutionContext:
         # Metrics and tracing: the observers, and what workflow_started returned for this attempt.
         self.observers = observers
         self.telemetry: Any = None
+
+    def lease_ran_out(self) -> bool:
+        return self.lease_ends_by is not None and time.monotonic() > self.lease_ends_by
 
     def activate(self) -> Any:
         return _current.set(self)

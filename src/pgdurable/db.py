@@ -13,9 +13,9 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from . import store
+from . import citus, store
 from .display import register_loaders
-from .migrations import applied_version, migrate
+from .migrations import applied_version, migrate_and_layout
 from .redaction import check_database_url
 
 T = TypeVar("T")
@@ -24,27 +24,33 @@ T = TypeVar("T")
 CallPlan = Generator["store.Call[Any]", Any, T]
 
 
-def configure(conn: psycopg.Connection[Any], schema: str) -> None:
+def configure(conn: psycopg.Connection[Any], schema: str, distributed: bool | None = None) -> None:
     """Make a connection speak to pgdurable: its schema first on the search_path, jsonb kept as text, and
-    any timestamptz loaded (infinity or a year past 9999 as display.ExtremeTime, not DataError)."""
+    any timestamptz loaded (infinity or a year past 9999 as display.ExtremeTime, not DataError).
+    ``distributed``: whether the schema has the Citus layout (None: look it up on this connection)."""
     conn.adapters.register_loader("jsonb", TextLoader)
     register_loaders(conn.adapters)
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
-    store.calls.remember_schema(conn, schema)
+    if distributed is None:
+        distributed = citus.has_layout(conn, schema)
+    store.calls.remember_schema(conn, schema, distributed)
 
 
-async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+async def aconfigure(conn: psycopg.AsyncConnection[Any], schema: str, distributed: bool | None = None) -> None:
     conn.adapters.register_loader("jsonb", TextLoader)
     register_loaders(conn.adapters)
     await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
-    store.calls.remember_schema(conn, schema)
+    if distributed is None:
+        row = await (await conn.execute(*citus.layout_lookup(schema))).fetchone()
+        distributed = bool(row and row[0])
+    store.calls.remember_schema(conn, schema, distributed)
 
 
 class Database:
     """The one place that opens connections. Migrates the schema on first use unless told not to."""
 
     def __init__(self, conninfo: Callable[[], str], schema: str, *, auto_migrate: bool = True,
-                 pool_size: int = 4) -> None:
+                 pool_size: int = 4, citus_mode: str | None = None) -> None:
         self._conninfo_source = conninfo
         self._conninfo: str | None = None
         self.schema = schema
@@ -57,6 +63,9 @@ class Database:
         self._app_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._app_async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
         self._migrated = False
+        self.citus_mode = citus_mode
+        # The Citus layout's buckets, in shard order, once known (ensure_schema); None: a single-node schema.
+        self.buckets: tuple[int, ...] | None = None
 
     @property
     def conninfo(self) -> str:
@@ -74,9 +83,18 @@ class Database:
 
     def ensure_schema(self) -> None:
         if not self._migrated:
-            if self.auto_migrate:
-                migrate(self.conninfo, self.schema)
-            self._migrated = True
+            with self._lock:
+                if self._migrated:
+                    return
+                # The layout decides which version of the named queries every connection runs.
+                _, self.buckets = migrate_and_layout(self.conninfo, self.schema, apply=self.auto_migrate,
+                                                     citus_mode=self.citus_mode)
+                self._migrated = True
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the schema has the Citus layout (known once ensure_schema ran)."""
+        return self.buckets is not None
 
     def check(self, connect_timeout: int = 10) -> int:
         """Connect once and return the schema's migration version: raises psycopg.OperationalError when the
@@ -90,7 +108,7 @@ class Database:
         """A dedicated autocommit connection (listeners, long-lived loops). The caller closes it."""
         self.ensure_schema()
         conn = psycopg.connect(self.conninfo, autocommit=True)
-        configure(conn, self.schema)
+        configure(conn, self.schema, self.distributed)
         return conn
 
     @property
@@ -99,10 +117,10 @@ class Database:
             with self._lock:
                 if self._pool is None:
                     self.ensure_schema()
-                    schema = self.schema
+                    schema, distributed = self.schema, self.distributed
                     self._pool = ConnectionPool(
                         self.conninfo, min_size=1, max_size=self.pool_size, open=True,
-                        kwargs={"autocommit": True}, configure=lambda c: configure(c, schema),
+                        kwargs={"autocommit": True}, configure=lambda c: configure(c, schema, distributed),
                         name="pgdurable")
         return self._pool
 
@@ -137,7 +155,7 @@ class Database:
     async def aconnect(self) -> psycopg.AsyncConnection[Any]:
         await asyncio.to_thread(self.ensure_schema)
         conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
-        await aconfigure(conn, self.schema)
+        await aconfigure(conn, self.schema, self.distributed)
         return conn
 
     async def async_pool(self, size: int | None = None) -> AsyncConnectionPool[Any]:
@@ -146,10 +164,10 @@ class Database:
         pool = self._async_pools.get(loop)
         if pool is None:
             await asyncio.to_thread(self.ensure_schema)
-            schema = self.schema
+            schema, distributed = self.schema, self.distributed
 
             async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-                await aconfigure(conn, schema)
+                await aconfigure(conn, schema, distributed)
 
             pool = AsyncConnectionPool(
                 self.conninfo, min_size=1, max_size=size or self.pool_size, open=False,

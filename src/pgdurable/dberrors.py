@@ -99,3 +99,22 @@ def _createdb(conninfo: str | None, name: str, where: str) -> str:
         if value:
             parts += [flag, value]
     return " ".join([*parts, name])
+
+
+# Citus reports a worker node it could not reach, or lost mid-statement, through the coordinator as an internal
+# error (SQLSTATE XX000) rather than as a connection failure of the client's own session: in its own words, or
+# in libpq's for the connection to that node ("server closed the connection unexpectedly ... CONTEXT: while
+# executing command on 10.0.0.12:5432").
+_CITUS_NODE_LOST = ("failure on connection marked as essential", "connection to the remote node", "invalid socket",
+                    "server closed the connection", "connection refused", "could not connect", "connection timed out",
+                    "no route to host", "network is unreachable")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is something a later attempt may not meet (psycopg's OperationalError: a lost
+    connection, a server shutting down, a cancelled statement; on Citus the coordinator's connection to a worker
+    node failing) rather than anything about the statement or its data."""
+    if isinstance(exc, psycopg.OperationalError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, psycopg.errors.InternalError_) and any(hint in text for hint in _CITUS_NODE_LOST)

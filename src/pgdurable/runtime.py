@@ -29,7 +29,7 @@ class Runtime:
         self.settings = settings
         self.serializer = serializer
         self.registry = Registry()
-        self.db = Database(database_url, schema, auto_migrate=auto_migrate)
+        self.db = Database(database_url, schema, auto_migrate=auto_migrate, citus_mode=settings.citus)
         self.completions = CompletionListener(self.db)
         self.observers = Observers()
         # Declared in code; stored when a worker of this application starts.

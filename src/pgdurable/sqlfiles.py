@@ -28,10 +28,40 @@ def migrations() -> tuple[tuple[int, str, LiteralString], ...]:
 
 
 @cache
+def citus_migrations() -> tuple[tuple[int, str, LiteralString], ...]:
+    """(version, name, sql) for every file ``sql/citus/NNNN_name.sql``: the Citus layout's scripts, each applied
+    after the single-node migration of the same number (docs/scale-out.md)."""
+    found = []
+    for entry in (resources.files("pgdurable") / "sql" / "citus").iterdir():
+        match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
+        if match:
+            found.append((int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    return tuple(sorted(found))
+
+
+@cache
 def queries() -> dict[str, LiteralString]:
     """Every named block of every ``sql/queries/*.sql`` file, by name."""
+    return _blocks("queries")
+
+
+@cache
+def citus_queries() -> dict[str, LiteralString]:
+    """The named blocks of ``sql/queries/citus/*.sql``: the Citus layout's versions of some of ``queries()``,
+    under the same names."""
+    blocks = _blocks("queries/citus")
+    unknown = set(blocks) - set(queries())
+    if unknown:
+        raise RuntimeError(f"Citus queries override no single-node query: {sorted(unknown)}")
+    return blocks
+
+
+def _blocks(folder: str) -> dict[str, LiteralString]:
     blocks: dict[str, LiteralString] = {}
-    for entry in (resources.files("pgdurable") / "sql" / "queries").iterdir():
+    directory = resources.files("pgdurable") / "sql"
+    for part in folder.split("/"):
+        directory = directory / part
+    for entry in directory.iterdir():
         if not entry.name.endswith(".sql"):
             continue
         text = entry.read_text(encoding="utf-8")
@@ -46,7 +76,12 @@ def queries() -> dict[str, LiteralString]:
     return blocks
 
 
-def query(name: str) -> LiteralString:
+def query(name: str, citus: bool = False) -> LiteralString:
+    """The named query; ``citus``: its Citus layout's version where there is one."""
+    if citus:
+        found = citus_queries().get(name)
+        if found is not None:
+            return found
     return queries()[name]
 
 

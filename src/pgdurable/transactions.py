@@ -77,6 +77,13 @@ class TransactionRun(StepRun):
         try is fenced). Retry while the lease may still hold; then give the attempt up: its lease runs out and
         the execution resumes from its checkpoints."""
         now = time.monotonic()
+        if self.ctx.lease_ran_out():
+            # Paused (or cut off) past the lease: another worker may own the execution by now, so the body is
+            # not run again; the attempt ends here.
+            self.ctx.lost = True
+            raise LeaseLost(f"execution {self.ctx.execution_id}: attempt {self.ctx.attempt} gave up: its lease ran "
+                            f"out while transactional step #{self.step_id} ({self.name}) was cut off from the "
+                            f"database ({exc})") from exc
         if self.disconnected_at is None:
             self.disconnected_at = now
         elif now - self.disconnected_at >= self.reconnect_seconds:

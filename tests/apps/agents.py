@@ -6,6 +6,7 @@ PGDURABLE_DATABASE_URL and PGDURABLE_SCHEMA); the environment says where effects
   AGENT_EFFECTS   file that each model call and each tool run appends a line to: ``<label> <pid>``
   AGENT_TABLE     the table (``schema.name``) the transactional tools insert into
   AGENT_GATE      while this file exists, the ``pause`` tool waits (a test kills the worker meanwhile)
+  AGENT_LEASE     lease_seconds (default 2.0)
 
 ``define(app, ...)`` registers the same agents on any App, so in-process tests run them on theirs.
 """
@@ -101,6 +102,7 @@ def define(app: pgdurable.App, effects: str, table: str, gate: str | None) -> Si
     )
 
 
-app = pgdurable.App(lease_seconds=2.0, sweep_seconds=0.3, poll_seconds=0.3, shutdown_grace_seconds=1.0)
+app = pgdurable.App(lease_seconds=float(os.environ.get("AGENT_LEASE", "2.0")), sweep_seconds=0.3, poll_seconds=0.3,
+                    shutdown_grace_seconds=1.0)
 agents = define(app, os.environ.get("AGENT_EFFECTS", os.devnull), os.environ.get("AGENT_TABLE", "agent_rows"),
                 os.environ.get("AGENT_GATE"))

@@ -8,6 +8,7 @@ shorten or lengthen them:
   CRASHY_GRACE            shutdown_grace_seconds (default 1.0)
   CRASHY_UNKNOWN_GRACE    unknown_workflow_grace_seconds (default 1.0)
   CRASHY_EFFECTS          file that every step run appends its side effects to
+  CRASHY_SLOW             factor on every crashy.work step's sleep in this process (default 1)
 
 Each step run appends two lines to CRASHY_EFFECTS (one write each, O_APPEND, so lines of concurrent
 processes never interleave):
@@ -49,7 +50,7 @@ def define(app: pgdurable.App) -> SimpleNamespace:
     def work(label: str, seconds: float) -> dict[str, Any]:
         start = time.time()
         _effect(label, "begin", start, start)
-        time.sleep(seconds)
+        time.sleep(seconds * float(os.environ.get("CRASHY_SLOW", "1")))
         _effect(label, "end", start, time.time())
         return {"label": label, "pid": os.getpid()}
 

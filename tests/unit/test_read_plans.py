@@ -24,6 +24,7 @@ class FakeListener:
     def __init__(self) -> None:
         self.subscribed: list[str] = []
         self.live: dict[int, tuple[str, Callable[[], None]]] = {}
+        self.listening = True
 
     def subscribe(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
         self.subscribed.append(key)

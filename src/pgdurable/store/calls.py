@@ -40,41 +40,51 @@ class Call(Generic[T]):
     row_factory: BaseRowFactory[Any] | None = None
 
 
-def _statement(call: Call[Any]) -> Any:
+def _statement(call: Call[Any], conn: Any = None) -> Any:
+    """The call's statement: its Citus version on a connection whose schema has the Citus layout."""
     if call.schema is None:
-        return query(call.name)
+        return query(call.name, conn is not None and conn in _citus)
     return sql.SQL(query(call.name)).format(schema=sql.Identifier(call.schema))
 
 
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
     with _schema_errors(conn, call):
         if call.row_factory is None:
-            cur = conn.execute(_statement(call), call.params)
+            cur = conn.execute(_statement(call, conn), call.params)
             return call.read(cur.fetchall() if cur.description else [])
         with conn.cursor(row_factory=call.row_factory) as named:
-            named.execute(_statement(call), call.params)
+            named.execute(_statement(call, conn), call.params)
             return call.read(named.fetchall() if named.description else [])
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
     with _schema_errors(conn, call):
         if call.row_factory is None:
-            cur = await conn.execute(_statement(call), call.params)
+            cur = await conn.execute(_statement(call, conn), call.params)
             return call.read(await cur.fetchall() if cur.description else [])
         async with conn.cursor(row_factory=call.row_factory) as named:
-            await named.execute(_statement(call), call.params)
+            await named.execute(_statement(call, conn), call.params)
             return call.read(await named.fetchall() if named.description else [])
 
 
 # The schema each of pgdurable's own connections works in (set by db.configure), to name it in errors.
 _schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Those of them whose schema has the Citus layout: they run the named queries' Citus versions.
+_citus: weakref.WeakSet[Any] = weakref.WeakSet()
 # What a statement of ours meets on a schema that was never migrated, or migrated by an older pgdurable.
 _MISSING = (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
             psycopg.errors.UndefinedColumn)
 
 
-def remember_schema(conn: Any, schema: str) -> None:
+def remember_schema(conn: Any, schema: str, citus: bool = False) -> None:
     _schemas[conn] = schema
+    if citus:
+        _citus.add(conn)
+
+
+def on_citus(conn: Any) -> bool:
+    """Whether this connection of pgdurable's works in a schema with the Citus layout."""
+    return conn in _citus
 
 
 @contextmanager

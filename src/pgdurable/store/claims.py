@@ -37,9 +37,19 @@ def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, ma
 
 
 def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
-          version: str, adopt: float | None = None) -> Call[list[Claimed]]:
+          version: str, adopt: float | None = None, bucket: int | None = None,
+          arm: bool = False) -> Call[list[Claimed]]:
+    """``bucket``: on a Citus schema, the one bucket to claim in (the producer rotates over them).
+    ``arm``: a claim that comes back short also arms the owner's doorbell for the queue (single node only)."""
     return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
-                          "version": version, "adopt": adopt}, every, row_factory=class_row(Claimed))
+                          "version": version, "adopt": adopt, "bucket": bucket, "arm": arm}, every,
+                row_factory=class_row(Claimed))
+
+
+def claimable_buckets(*, queue: str, names: list[str]) -> Call[list[int]]:
+    """On a Citus schema: the buckets that have executions of these workflows to claim now (no locks: a
+    look across every shard, for an idle producer)."""
+    return Call("claimable_buckets", {"queue": queue, "names": names}, first_column)
 
 
 def claim_with_policy(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
@@ -47,6 +57,12 @@ def claim_with_policy(*, queue: str, names: list[str], owner: str, lease: float,
     return Call("claim_with_policy", {"queue": queue, "names": names, "owner": owner, "lease": lease,
                                       "limit": limit, "version": version, "adopt": adopt}, every,
                 row_factory=class_row(Claimed))
+
+
+def buckets_of(ids: list[str]) -> Call[dict[str, int]]:
+    """On a schema with the Citus layout: the bucket of each execution id (computed on the coordinator, no
+    table read), so that a batch of writes or a heartbeat can go out one bucket per statement."""
+    return Call("citus_buckets_of", {"ids": ids}, pairs)
 
 
 def heartbeat(*, owner: str, lease: float, ids: list[str]) -> Call[dict[str, Any]]:
@@ -94,3 +110,25 @@ def sweep_expired() -> Call[list[Swept]]:
 
 def fail_unrunnable(grace: float) -> Call[list[Named]]:
     return Call("fail_unrunnable", {"grace": grace}, every, row_factory=class_row(Named))
+
+
+# On a schema with the Citus layout the duties above run one bucket per statement (worker/maintenance/buckets.py):
+# at most ``limit`` executions of ``bucket``.
+
+def wake_bucket(bucket: int, limit: int) -> Call[tuple[int, datetime | None, datetime]]:
+    """``wake_due`` in one bucket: (executions enqueued, when its next waiting one is due, the database's clock)."""
+    return Call("citus_wake_bucket", {"bucket": bucket, "limit": limit},
+                lambda rows: (int(rows[0]["woken"]), rows[0]["next_due"], rows[0]["now"]), row_factory=dict_row)
+
+
+def expire_bucket(bucket: int, limit: int) -> Call[list[Any]]:
+    return Call("citus_expire_bucket", {"bucket": bucket, "limit": limit}, first_column)
+
+
+def sweep_bucket(bucket: int, limit: int) -> Call[list[Swept]]:
+    return Call("citus_sweep_bucket", {"bucket": bucket, "limit": limit}, every, row_factory=class_row(Swept))
+
+
+def fail_unrunnable_bucket(bucket: int, grace: float, limit: int) -> Call[list[Named]]:
+    return Call("citus_fail_unrunnable_bucket", {"bucket": bucket, "grace": grace, "limit": limit}, every,
+                row_factory=class_row(Named))

@@ -28,6 +28,7 @@ import psycopg
 from .. import store
 from ..batcher import WriteBatcher
 from ..runtime import Runtime
+from ..waiting import cancel_and_wait
 from .executor import Executor, Running
 from .leader import Leadership
 from .lease import Heartbeat
@@ -92,15 +93,18 @@ class Worker:
         # Queue policies of the served queues (see App.queue), refreshed by maintenance.policies.
         self.policies: dict[str, store.queues.QueuePolicy] = {}
 
-        deps = Deps(run=self._run, worker_id=self.id, settings=self.settings, observers=self.observers)
+        deps = Deps(run=self._run, worker_id=self.id, settings=self.settings, observers=self.observers,
+                    buckets=lambda: runtime.db.buckets)
         self.timer = Timer(deps)
         self.executor = Executor(runtime, self.id, concurrency, on_free=self._slot_freed,
                                  on_suspend=self.timer.suspended)
         self.producers = {queue: Producer(queue, worker_id=self.id, names=self.names, version=self.version,
                                           settings=self.settings, executor=self.executor,
-                                          policies=lambda: self.policies, run=self._run, stopping=self._stop)
+                                          policies=lambda: self.policies, run=self._run, stopping=self._stop,
+                                          buckets=lambda: runtime.db.buckets)
                           for queue in self.queues} if claim else {}
-        self.heartbeat = Heartbeat(self.id, self.settings, self.executor, registered=claim, run=self._run)
+        self.heartbeat = Heartbeat(self.id, self.settings, self.executor, registered=claim, run=self._run,
+                                   buckets=lambda: runtime.db.buckets)
         self.listener = Listener(runtime.db, self.id, on_work=self._work_notified,
                                  on_schedules=self._schedules_notified, on_stop=self._stop_notified)
         self.policy_refresh = PolicyRefresh(deps, self.queues, self._set_policies)
@@ -131,6 +135,18 @@ class Worker:
         assert self._pool is not None
         async with self._pool.connection() as conn:
             return await store.arun(conn, call)
+
+    async def _start_up(self, call: store.Call[T]) -> T:
+        """A start-up statement (each is idempotent): a cancelled or timed-out one is tried again a few
+        times rather than failing the worker's start."""
+        for attempt in range(1, 5):
+            try:
+                return await self._run(call)
+            except psycopg.errors.QueryCanceled:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * attempt)
+        raise AssertionError("unreachable")
 
     # A batch holding both checkpoints and completions is one transaction over two round trips, with the
     # execution rows locked: a worker paused in between must not hold them past its lease, so the server
@@ -187,15 +203,20 @@ class Worker:
         background = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat")]
         if self.claims:
             for policy in self.app.queue_policies.values():
-                await self._run(store.queues.set_queue_policy(policy))
-            self.policies = await self._run(store.queues.queue_policies(self.queues))
-            await self._run(store.workers.register_worker(
+                await self._start_up(store.queues.set_queue_policy(policy))
+            self.policies = await self._start_up(store.queues.queue_policies(self.queues))
+            await self._start_up(store.workers.register_worker(
                 id=self.id, hostname=socket.gethostname(), pid=os.getpid(), queues=self.queues,
                 workflows=self.names, concurrency=self.concurrency, version=self.version,
                 adopt=self.settings.adopt_after_seconds, lease=self.settings.lease_seconds))
             # Parked executions of this version (their history did not replay on another version's code)
             # resume here: rolling a deploy back un-parks them.
-            unparked = await self._run(store.versions.unpark(version=self.version, names=self.names))
+            try:
+                unparked = await self._start_up(store.versions.unpark(version=self.version, names=self.names))
+            except psycopg.errors.QueryCanceled as exc:  # not worth failing the start: the next start tries again
+                log.warning("worker %s: could not un-park executions of version %s (%s)", self.id, self.version,
+                            exc)
+                unparked = 0
             if unparked:
                 log.info("worker %s: re-enqueued %d parked executions of version %s", self.id, unparked,
                          self.version)
@@ -216,8 +237,7 @@ class Worker:
             else:
                 await self._stop.wait()
         finally:
-            for task in producing:
-                task.cancel()
+            await cancel_and_wait(producing)
             await self._shutdown(background)
 
     def stop(self) -> None:
@@ -237,9 +257,7 @@ class Worker:
 
     async def _shutdown(self, background: list[asyncio.Task[None]]) -> None:
         await self.executor.release_all(self.settings.shutdown_grace_seconds)
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await cancel_and_wait(background)
         # Whatever fails below, the pools must be closed: an open pool's tasks swallow cancellation, so the
         # event loop could never finish and the process would hang instead of exiting.
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -24,6 +25,7 @@ from ..context import ExecutionContext
 from ..errors import LeaseLost, NonDeterminismError, SerializationError
 from ..primitives import Suspended
 from ..runtime import Runtime
+from ..waiting import cancel_and_wait
 
 if TYPE_CHECKING:
     from ..workflows import Workflow
@@ -44,7 +46,7 @@ class Executor:
     (producers waiting for room claim again); ``on_suspend`` when a workflow suspends until a time."""
 
     def __init__(self, runtime: Runtime, worker_id: str, concurrency: int, *, on_free: Callable[[], None],
-                 on_suspend: Callable[[Any], None]) -> None:
+                 on_suspend: Callable[[str, Any], None]) -> None:
         self.runtime = runtime
         self.worker_id = worker_id
         self.concurrency = concurrency
@@ -104,7 +106,9 @@ class Executor:
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
             serializer=self.runtime.serializer, batcher=self.batcher, loop=self.loop, db_now=claimed.db_now,
-            on_suspend=self._on_suspend, observers=self.observers)
+            on_suspend=functools.partial(self._on_suspend, claimed.id), observers=self.observers)
+        # The claim's lease (now() + lease on the server) ends before this moment's lease does.
+        context.lease_ends_by = time.monotonic() + self.runtime.settings.lease_seconds
         if self.observers:
             context.telemetry = self.observers.workflow_started(claimed.id, claimed.name, claimed.attempt,
                                                                 json.loads(trace) if trace else None)
@@ -223,10 +227,12 @@ class Executor:
         leftover = list(self.running.values())
         if not leftover:
             return
+        cancelled: list[asyncio.Task[None]] = []
         for running in leftover:
             running.context.lost = True  # sync workflows stop at their next checkpoint
             if running.task is not None and self._is_async(running.claimed.name):
                 running.task.cancel()
+                cancelled.append(running.task)
         assert self.batcher is not None  # on the writer's connection: never races a batch on these rows
         try:
             released = await self.batcher.run(
@@ -235,3 +241,8 @@ class Executor:
         except Exception as exc:  # the database is out of reach: their leases expire and they are swept
             log.warning("worker %s: could not release %d unfinished executions (%s); they resume elsewhere "
                         "once their leases expire", self.worker_id, len(leftover), exc)
+        # Cancelled again until they end: a workflow awaiting a pooled connection can miss one cancellation
+        # (pgdurable.waiting), and the event loop cannot close over a task that runs on.
+        if await cancel_and_wait(cancelled, patience=max(grace, 1.0)):
+            log.warning("worker %s: async workflows still run %.0f s after their cancellation", self.worker_id,
+                        max(grace, 1.0))

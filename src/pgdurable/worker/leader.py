@@ -31,6 +31,7 @@ import psycopg
 
 from .. import store
 from ..db import Database
+from ..waiting import cancel_and_wait
 from .maintenance import Duty
 
 log = logging.getLogger("pgdurable.worker")
@@ -103,7 +104,7 @@ class Leadership:
         hold a pooled connection while the worker closes its pools."""
         self.is_leader = False
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+        left = await cancel_and_wait(tasks, patience=5.0)
+        if left:
+            log.warning("worker %s: %d leader duties did not stop within 5 s of their cancellation",
+                        self.worker_id, len(left))

@@ -9,19 +9,20 @@ poll interval as a fallback), then claims a batch. Two named helpers shape when 
   capacity without any NOTIFY (a concurrency slot's holder finished elsewhere, a rate window moved on).
 
 Wake-ups cost the enqueuers (PostgreSQL serialises the commits of notifying transactions), so a producer
-asks for one only when it is about to sleep: after a short claim it arms its doorbell for the queue (one
-statement, committed), then claims once more, so that nothing committed before the bell was armed is left
-behind; the next enqueue into the queue rings the bell (one NOTIFY) and disarms it. A busy producer claims
-again on its own and needs no bell. One case escapes the bell: a transaction that looked at the bell just
-before it was armed and committed after the claim that followed; the sleeping producer re-claims on a
-backoff (50 ms, doubling up to the poll interval), so such work waits about as long as that transaction
-was open, never a whole poll interval.
+asks for one only when it is about to sleep: a claim that comes back short arms its doorbell for the queue
+(in the claim's own statement on a single node, a statement of its own on Citus or with queue limits), then
+the producer claims once more, so that nothing committed while the bell was being armed is left behind (at
+once if the short claim found nothing; if it found work, a moment later or when a slot frees, so as not to
+compete with that work's first statements). The next enqueue into the queue rings the bell (one NOTIFY) and
+disarms it. A busy producer claims again on its own and needs no bell. One case escapes the bell: a
+transaction that looked at the bell just before it was armed and committed after the claim that followed;
+the sleeping producer re-claims on a backoff (50 ms, doubling up to the poll interval while the queue stays
+empty, back to 50 ms after any work), so such work waits tens of milliseconds, never a whole poll interval.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ import psycopg
 
 from .. import store
 from ..config import Settings
+from ..waiting import wait_event
+from .buckets import BucketCursor
 from .executor import Executor
 
 log = logging.getLogger("pgdurable.worker")
@@ -85,7 +88,8 @@ class Producer:
 
     def __init__(self, queue: str, *, worker_id: str, names: list[str], version: str, settings: Settings,
                  executor: Executor, policies: Callable[[], dict[str, store.queues.QueuePolicy]],
-                 run: Callable[[store.Call[Any]], Awaitable[Any]], stopping: asyncio.Event) -> None:
+                 run: Callable[[store.Call[Any]], Awaitable[Any]], stopping: asyncio.Event,
+                 buckets: Callable[[], tuple[int, ...] | None] = lambda: None) -> None:
         self.queue = queue
         self.worker_id = worker_id
         self.names = names
@@ -104,6 +108,9 @@ class Producer:
         self._wake = asyncio.Event()
         # Waiting for room (no free slot, or the last claim filled its batch): a freed slot wakes it.
         self.hungry = True
+        # The Citus layout's buckets (known once the worker connected): claims go one bucket at a time.
+        self._buckets = buckets
+        self._cursor: BucketCursor | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -118,19 +125,25 @@ class Producer:
             self._wake.set()
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        await wait_event(self._wake, seconds)
 
     async def run(self) -> None:
         executor = self.executor
         batch_floor = max(1, executor.concurrency // 4)
         last_was_short = False
+        # Set after arming the doorbell: the claim that closes the gap before the bell is not debounced, or
+        # an enqueue that commits in that gap would wait out the debouncer (a floor under every round trip).
+        closing_gap = False
+        # Whether a claim found work since the producer last slept with its bell armed: the idle re-check
+        # starts again from its first, short delay after every burst of work, and doubles only while the
+        # queue stays empty (else an enqueue that escaped the bell could wait out a whole poll interval).
+        found_since_sleep = False
         lost_connections = 0
         while not self._stopping.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
             limit = min(executor.free(), CLAIM_BATCH)
-            if limit > 0 and executor.running and (limit < batch_floor or last_was_short):
+            if limit > 0 and executor.running and (limit < batch_floor or last_was_short) and not closing_gap:
                 pause = self.debouncer.remaining()
                 if pause > 0:
                     await asyncio.sleep(pause)
@@ -142,18 +155,21 @@ class Producer:
                 self.hungry = True
                 await self._sleep(self.settings.poll_seconds)
                 continue
+            closing_gap = False
             self.debouncer.fired()
             started = time.monotonic()
             in_sql = policy is not None and policy.claims_in_sql
             claim = store.claims.claim_with_policy if in_sql else store.claims.claim
+            # A plain claim on a single node arms the doorbell itself if it comes back short, saving the
+            # arming statement's round trip and commit. Marked armed first, for the reason given in _arm.
+            arming = not self.armed and not in_sql and self._buckets() is None
+            if arming:
+                self.armed = True
             executor.reserved += limit  # until the claimed are running: other producers see them taken
             retry, claimed = 0.0, list[store.claims.Claimed]()
             try:
                 try:
-                    claimed = await self._run(claim(
-                        queue=self.queue, names=self.names, owner=self.worker_id,
-                        lease=self.settings.lease_seconds, limit=limit, version=self.version,
-                        adopt=self.settings.adopt_after_seconds))
+                    claimed = await self._claim(claim, limit, arming)
                 except psycopg.OperationalError as exc:
                     # A lost connection (server restart, terminated backend): the pool drops it, and others
                     # it holds may be dead too. Retry soon, backing off while the server stays away.
@@ -167,7 +183,10 @@ class Producer:
                     if executor.observers:
                         executor.observers.claimed(self.queue, len(claimed), time.monotonic() - started)
                     last_was_short = len(claimed) < limit
+                    found_since_sleep = found_since_sleep or bool(claimed)
                     lost_connections = 0
+                    if arming and not last_was_short:
+                        self.armed = False  # a full batch: the statement left the bell as it was
                     if in_sql:
                         if last_was_short:
                             self.recheck.again(found_nothing=not claimed)
@@ -177,6 +196,8 @@ class Producer:
                         retry = 1.0  # as after a failed claim
             finally:
                 executor.reserved -= limit
+                if arming and retry:
+                    self.armed = False  # the claim failed, and its arming with it
             if retry:
                 await asyncio.sleep(retry)
                 continue
@@ -185,19 +206,55 @@ class Producer:
                 self.idle.reset()
                 continue  # there may be more waiting
             self.hungry = False
+            if arming:
+                closing_gap = True
+                if claimed:
+                    # Just handed work: close the gap a moment later (a freed slot or a ring wakes it sooner),
+                    # so that the claim does not compete with the first statements of that work.
+                    self.hungry = True
+                    await self._sleep(self.COALESCE_SECONDS)
+                continue  # claim once more: what committed while the bell was being armed rang nothing
             if not self.armed:
                 if await self._arm():
+                    closing_gap = True
                     continue  # claim once more: what committed before the bell was armed rang nothing
             else:
-                self.idle.again(found_nothing=not claimed)
+                self.idle.again(found_nothing=not found_since_sleep)
+                found_since_sleep = False
             poll = self.settings.poll_seconds
             await self._sleep(min(poll, self.recheck.delay or poll, self.idle.delay or poll))
 
+    async def _claim(self, claim: Callable[..., store.Call[list[store.claims.Claimed]]],
+                     limit: int, arm: bool = False) -> list[store.claims.Claimed]:
+        def call(n: int, bucket: int | None = None) -> store.Call[list[store.claims.Claimed]]:
+            return claim(queue=self.queue, names=self.names, owner=self.worker_id, lease=self.settings.lease_seconds,
+                         limit=n, version=self.version, adopt=self.settings.adopt_after_seconds,
+                         **({} if bucket is None else {"bucket": bucket}), **({"arm": True} if arm else {}))
+
+        if self._cursor is None:
+            buckets = self._buckets()
+            if buckets is None:
+                return list(await self._run(call(limit)))
+            self._cursor = BucketCursor(buckets)
+
+        async def claim_in(bucket: int, n: int) -> list[store.claims.Claimed]:
+            return list(await self._run(call(n, bucket)))
+
+        async def probe() -> list[int]:
+            return list(await self._run(store.claims.claimable_buckets(queue=self.queue, names=self.names)))
+
+        return await self._cursor.claim(claim_in, limit, probe)
+
     async def _arm(self) -> bool:
+        # Marked armed before the statement: an enqueue may ring the bell as soon as the statement commits,
+        # and its NOTIFY may be handled (rung() clears the mark) before the statement returns here. Marked
+        # after, that ring would be forgotten: the producer would believe its bell armed while nobody could
+        # ring it again, and each wake-up would wait for the idle re-check (50 ms) until the next NOTIFY.
+        self.armed = True
         try:
             await self._run(store.workers.arm_doorbell(id=self.worker_id, queue=self.queue))
         except Exception as exc:  # the poll (and the next round) still find the work
+            self.armed = False
             log.warning("worker %s: could not arm the doorbell of queue %s (%s)", self.worker_id, self.queue, exc)
             return False
-        self.armed = True
         return True

@@ -83,6 +83,8 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- returns the one it had), and the first claim fixes the deadline of an execution with a timeout.
 -- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
 -- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
+-- With %(arm)s, a claim that comes back short (the queue ran dry) also arms this worker's doorbell for the
+-- queue (see arm_doorbell), in the same round trip and commit: the producer is about to sleep.
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), picked AS (
@@ -101,6 +103,16 @@ WITH clock AS MATERIALIZED (
     ORDER BY priority, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), armed AS (  -- as arm_doorbell: a bell already armed is left alone, unlocked
+    UPDATE worker_doorbells SET armed = true
+    WHERE queue = %(queue)s AND worker_id = %(owner)s AND NOT armed
+      AND %(arm)s AND (SELECT count(*) FROM picked) < %(limit)s
+), installed AS (
+    INSERT INTO worker_doorbells (queue, worker_id)
+    SELECT %(queue)s, %(owner)s
+    WHERE %(arm)s AND (SELECT count(*) FROM picked) < %(limit)s
+      AND NOT EXISTS (SELECT FROM worker_doorbells WHERE queue = %(queue)s AND worker_id = %(owner)s)
+    ON CONFLICT DO NOTHING
 )
 UPDATE workflow_executions e
 SET status = 'running',
@@ -276,17 +288,25 @@ WHERE id = %(id)s;
 SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 
 -- name: await_status
--- The status of an execution about to be waited for; an unfinished one is registered as awaited, so that its
--- completion notifies. FOR SHARE waits for a completion in flight (then the finished status is read, and
--- nothing registered), or makes that completion wait for the registration (then it sees it).
-WITH found AS (
-    SELECT status, output, error FROM workflow_executions WHERE id = %(id)s FOR SHARE
+-- The status of an execution about to be waited for, in one round trip; an unfinished one is registered as
+-- awaited, so that its completion notifies. A finished one is only read (no lock, nothing written). An
+-- unfinished one is locked FOR SHARE, which waits for a completion in flight (then the locked row is its
+-- finished version, and nothing is registered) or makes that completion wait for the registration (then it
+-- sees it).
+WITH peek AS (
+    SELECT status, output, error FROM workflow_executions WHERE id = %(id)s
+), locked AS (
+    SELECT status, output, error FROM workflow_executions
+    WHERE id = %(id)s AND NOT EXISTS (SELECT FROM peek WHERE status IN ('succeeded', 'failed', 'cancelled'))
+    FOR SHARE
 ), registered AS (
     INSERT INTO awaited_executions (execution_id)
-    SELECT %(id)s FROM found WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
+    SELECT %(id)s FROM locked WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
     ON CONFLICT DO NOTHING
 )
-SELECT status, output, error FROM found;
+SELECT status, output, error FROM locked
+UNION ALL
+SELECT status, output, error FROM peek WHERE NOT EXISTS (SELECT FROM locked);
 
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,

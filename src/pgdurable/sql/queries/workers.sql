@@ -22,8 +22,16 @@ DELETE FROM worker_doorbells WHERE worker_id IN (SELECT id FROM gone);
 
 -- name: arm_doorbell
 -- The worker is about to sleep on this queue: the next enqueue into it notifies (ring_doorbells).
-INSERT INTO worker_doorbells (queue, worker_id) VALUES (%(queue)s, %(id)s)
-ON CONFLICT (queue, worker_id) DO UPDATE SET armed = true WHERE NOT worker_doorbells.armed;
+-- A bell already armed is left alone and unlocked: an enqueue rings with FOR UPDATE SKIP LOCKED, and a bell
+-- locked by a needless re-arming (the worker re-arms after any NOTIFY for the queue, even one for work it
+-- had already claimed) would be skipped, its ring lost.
+WITH armed AS (
+    UPDATE worker_doorbells SET armed = true WHERE queue = %(queue)s AND worker_id = %(id)s AND NOT armed
+)
+INSERT INTO worker_doorbells (queue, worker_id)
+SELECT %(queue)s, %(id)s
+WHERE NOT EXISTS (SELECT FROM worker_doorbells WHERE queue = %(queue)s AND worker_id = %(id)s)
+ON CONFLICT DO NOTHING;
 
 -- name: list_workers
 SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,

@@ -26,12 +26,15 @@ log = logging.getLogger("pgdurable.worker")
 
 @dataclass
 class Deps:
-    """What a duty works with: a pooled query runner, and the worker's identity, settings and observers."""
+    """What a duty works with: a pooled query runner, the worker's identity, settings and observers, and the
+    schema's Citus buckets (None on a single node: each duty is then one statement; on Citus, one per bucket,
+    see ``buckets.py``)."""
 
     run: Callable[[store.Call[Any]], Awaitable[Any]]
     worker_id: str
     settings: Settings
     observers: Observers
+    buckets: Callable[[], tuple[int, ...] | None] = lambda: None
 
 
 class Duty:

@@ -10,13 +10,19 @@ from __future__ import annotations
 import logging
 
 from ... import retention, store
-from . import Duty
+from . import Deps, Duty
+from .buckets import PerBucket
 
 log = logging.getLogger("pgdurable.worker")
 
 
 class Retention(Duty):
     name = "retention"
+
+    def __init__(self, deps: Deps) -> None:
+        super().__init__(deps)
+        self.per_bucket: PerBucket[retention.Deleted] = PerBucket(deps, self.name)
+        self.start = 0  # on Citus: the bucket this pass begins with (each pass the next one, so all get turns)
 
     @property
     def enabled(self) -> bool:
@@ -27,8 +33,19 @@ class Retention(Duty):
         if older_than is None:
             return
         cutoff = await self.deps.run(retention.cutoff(older_than))
-        deleted = await self.deps.run(retention.batch(cutoff, sorted(store.executions.TERMINAL),
-                                                      self.deps.settings.retention_batch_size))
+        statuses = sorted(store.executions.TERMINAL)
+        size = self.deps.settings.retention_batch_size
+        buckets = self.deps.buckets()
+        if buckets is None:
+            deleted = await self.deps.run(retention.batch(cutoff, statuses, size))
+        else:
+            self.start = (self.start + 1) % len(buckets)
+            answers = await self.per_bucket.each(
+                buckets[self.start:] + buckets[:self.start],
+                lambda bucket, n: retention.batch_in_bucket(bucket, cutoff, statuses, n),
+                lambda answer: answer.executions, budget=size)
+            deleted = retention.Deleted(*(sum(getattr(a, f) for a in answers.values())
+                                          for f in ("executions", "steps", "messages", "events")))
         if deleted.executions:
             log.info("worker %s: retention deleted %d finished executions and %d step outputs",
                      self.deps.worker_id, deleted.executions, deleted.steps)

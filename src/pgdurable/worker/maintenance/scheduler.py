@@ -16,7 +16,6 @@ while leadership changes hands would fire up to a poll interval late.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -29,6 +28,7 @@ import psycopg
 
 from ... import schedules, store
 from ...cron import CronSchedule
+from ...waiting import wait_event
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -180,8 +180,7 @@ class Scheduler:
                 log.warning("worker %s: firing schedules failed (%s); retrying", self.worker_id, exc)
                 delay = 0.05 * 2.0 ** failures
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                await wait_event(self._wake, delay)
 
     async def _pass(self) -> float:
         """Fire what is due; return how long to sleep before the next pass."""

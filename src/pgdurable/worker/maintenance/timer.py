@@ -18,7 +18,9 @@ import time
 from typing import Any
 
 from ... import store
+from ...waiting import wait_event
 from . import Deps
+from .wakeups import BucketWakeups
 
 log = logging.getLogger("pgdurable.worker")
 
@@ -31,11 +33,15 @@ class Timer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._kick = asyncio.Event()
         self._due: float | None = None  # the earliest wake-up a local workflow asked for (wall clock)
+        self.buckets = BucketWakeups(deps)  # on Citus: which buckets to look in
 
-    def suspended(self, wake_at: Any) -> None:
-        """A workflow of ours suspended until ``wake_at`` (from any thread): make sure the timer looks by then."""
+    def suspended(self, execution_id: str, wake_at: Any) -> None:
+        """A workflow of ours suspended until ``wake_at`` (from any thread): make sure the timer looks by then
+        (on Citus, in its bucket)."""
         if wake_at is None or self.loop is None:
             return
+        if self.deps.buckets() is not None:  # (a single node looks everywhere in one statement)
+            self.buckets.suspended.append(execution_id)
         due = wake_at.timestamp()
         if self._due is None or due < self._due:
             self._due = due
@@ -48,7 +54,7 @@ class Timer:
             self._kick.clear()
             wait = self.deps.settings.poll_seconds
             try:
-                woken, next_due, db_now = await self.deps.run(store.claims.wake_due())
+                woken, next_due, db_now = await self._wake_due()
                 if woken:
                     log.debug("worker %s: timer enqueued %d waiting executions", self.deps.worker_id, woken)
                 offset = db_now.timestamp() - time.time()  # compare wake-ups on the database's clock
@@ -60,5 +66,13 @@ class Timer:
                         wait = min(wait, max(candidate - time.time(), 0.0))
             except Exception as exc:
                 log.warning("worker %s: timer failed (%s)", self.deps.worker_id, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), wait + 0.002)
+            await wait_event(self._kick, wait + 0.002)
+
+    async def _wake_due(self) -> tuple[int, Any, Any]:
+        """(executions enqueued, when the next waiting one is due, the database's clock): one statement on a
+        single node, one per bucket on Citus."""
+        buckets = self.deps.buckets()
+        if buckets is None:
+            found: tuple[int, Any, Any] = await self.deps.run(store.claims.wake_due())
+            return found
+        return await self.buckets.look(buckets)

@@ -10,13 +10,18 @@ from __future__ import annotations
 import logging
 
 from ... import store
-from . import Duty
+from . import Deps, Duty
+from .buckets import PerBucket, rows
 
 log = logging.getLogger("pgdurable.worker")
 
 
 class Unrunnable(Duty):
     name = "unrunnable detection"
+
+    def __init__(self, deps: Deps) -> None:
+        super().__init__(deps)
+        self.per_bucket: PerBucket[list[store.claims.Named]] = PerBucket(deps, self.name)
 
     @property
     def enabled(self) -> bool:
@@ -26,5 +31,12 @@ class Unrunnable(Duty):
         grace = self.deps.settings.unknown_workflow_grace_seconds
         if grace is None:
             return
-        for failed in await self.deps.run(store.claims.fail_unrunnable(grace)):
+        buckets = self.deps.buckets()
+        if buckets is None:
+            found = await self.deps.run(store.claims.fail_unrunnable(grace))
+        else:
+            answers = await self.per_bucket.each(
+                buckets, lambda bucket, size: store.claims.fail_unrunnable_bucket(bucket, grace, size), rows)
+            found = [named for answer in answers.values() for named in answer]
+        for failed in found:
             log.warning("execution %s: failed, no live worker knows workflow %r", failed.id, failed.name)

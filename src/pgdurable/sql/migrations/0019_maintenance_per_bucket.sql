@@ -1,0 +1,5 @@
+-- pgdurable schema, version 19: nothing changes on a single node.
+--
+-- The version exists for the Citus layout's script of the same number (sql/citus/0019_maintenance_per_bucket.sql),
+-- which runs after it on a database with the citus extension: the maintenance duties' functions, one bucket
+-- per statement. A single-node schema's tables, functions and statements stay exactly as in version 18.

@@ -1,0 +1,7 @@
+-- pgdurable schema, version 20: nothing changes on a single node.
+--
+-- The version exists for the Citus layout's script of the same number (sql/citus/0020_no_claim_past_deadline.sql),
+-- which runs after it on a database with the citus extension: its claim leaves an execution past its deadline to
+-- the deadline check. A single node's deadline check fails a parent and the children that inherited its deadline
+-- in one statement, so its claim needs no such condition; its tables, functions and statements stay exactly as in
+-- version 19.
