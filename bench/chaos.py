@@ -35,7 +35,8 @@ Scenarios (rows of the report):
   restart    PostgreSQL itself stopped (fast or immediate, at random) and started again mid-run
   terminate  pg_terminate_backend of every worker connection, then of every connection but the checker's
   cancelq    statements cancelled (SQLSTATE 57014): pg_cancel_backend of random worker backends while they run
-             a statement, throughout; from halfway on, statement_timeout = 20 ms for every worker session
+             a statement, throughout; from halfway on, statement_timeout = 20 ms (100 ms on a cluster:
+             Profile.cluster_statement_timeout_ms) for every worker session
              (ALTER SYSTEM + reload: the open sessions too) and, until the feed ends, short write stalls
              (LOCK TABLE workflow_executions IN EXCLUSIVE MODE for 2-4 timeouts) so that the engine's own
              statements (claims, checkpoints, the timer, sweeps) really time out
@@ -160,14 +161,20 @@ class Profile:
     hangs: int  # workflows with a hanging step per hang round (half sync, half async)
     cancel_every: tuple[float, float]  # seconds between two rounds of pg_cancel_backend (drawn uniformly)
     statement_timeout_ms: int  # the workers' statement_timeout in the second half of the cancelq scenario
+    # ... on a Citus cluster: a session whose transaction aborts loses its connections to the worker nodes, and
+    # its next statement reconnects (15-25 ms measured here, TLS included), so a timeout below that cancels the
+    # reconnecting statement too, and the one after it: nothing can move, whatever the engine does
+    cluster_statement_timeout_ms: int
 
 
 CI = Profile(feed_seconds=7.0, rate=40.0, burst=5_000, pause=0.08, restarts=1, terminations=3, stops=1,
              down=(1.0, 3.0), waiters=4, nap=0.5, messages=5, gap=(0.05, 0.5), children=3, timeouts=(1.5, 3.0),
-             forevers=12, hangs=6, cancel_every=(0.1, 0.3), statement_timeout_ms=20)
+             forevers=12, hangs=6, cancel_every=(0.1, 0.3), statement_timeout_ms=20,
+             cluster_statement_timeout_ms=100)
 SOAK = Profile(feed_seconds=20.0, rate=50.0, burst=50_000, pause=0.08, restarts=2, terminations=5, stops=2,
                down=(1.0, 6.0), waiters=4, nap=1.0, messages=8, gap=(0.05, 1.0), children=4, timeouts=(1.5, 6.0),
-               forevers=30, hangs=8, cancel_every=(0.1, 0.3), statement_timeout_ms=20)
+               forevers=30, hangs=8, cancel_every=(0.1, 0.3), statement_timeout_ms=20,
+               cluster_statement_timeout_ms=100)
 
 
 @dataclass(frozen=True)
@@ -1356,7 +1363,9 @@ class Scenario:
         (and through the drain), a statement_timeout for every worker session; and until the feed ends, the
         execution table is now and then locked against writes for a few timeouts' worth (as a migration or an
         operator's long statement would), so that the engine's own statements are slow and time out."""
-        timeout = profile.statement_timeout_ms / 1000
+        timeout_ms = (profile.cluster_statement_timeout_ms if isinstance(self.server, ClusterServer)
+                      else profile.statement_timeout_ms)
+        timeout = timeout_ms / 1000
         next_cancel = time.monotonic() + self.rng.uniform(*profile.cancel_every)
         next_stall: float | None = None
         stalls: list[float] = []
@@ -1364,10 +1373,10 @@ class Scenario:
             staller.execute("SET lock_timeout = '200ms'")
             while self._feeding():
                 if not self.timeout_set and time.monotonic() - self.feed_t0 >= profile.feed_seconds / 2:
-                    self.server.reload_setting("statement_timeout", f"{profile.statement_timeout_ms}ms")
+                    self.server.reload_setting("statement_timeout", f"{timeout_ms}ms")
                     self.timeout_set = True
                     next_stall = time.monotonic() + self.rng.uniform(0.3, 0.6)
-                    self.notes.append(f"statement_timeout = {profile.statement_timeout_ms} ms for the workers' "
+                    self.notes.append(f"statement_timeout = {timeout_ms} ms for the workers' "
                                       f"sessions from {time.monotonic() - self.feed_t0:.1f} s on")
                 if next_stall is not None and time.monotonic() >= next_stall:
                     hold = self.rng.uniform(2, 4) * timeout

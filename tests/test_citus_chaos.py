@@ -26,7 +26,8 @@ CLUSTER_TIMEOUT = 2 * TIMEOUT
                                             ".ci/citus/cluster.sh, whose nodes this test restarts; CI sets it)")
 @pytest.mark.timeout(CLUSTER_TIMEOUT + 90)
 def test_chaos_on_a_citus_cluster_passes() -> None:
-    # Every scenario, noderestart included. cancelq (statement_timeout = 20 ms for the workers) passes because the
+    # Every scenario, noderestart included. cancelq (statement_timeout = 100 ms for the workers on a cluster,
+    # where a session that was cancelled reconnects to the nodes: docs/scale-out.md) passes because the
     # maintenance duties, group commits and heartbeats run one bucket per statement on the distributed layout
     # (docs/scale-out.md, "Maintenance duties").
     scenarios = [*chaos.SCENARIOS, *chaos.CLUSTER_SCENARIOS]

@@ -297,3 +297,41 @@ def test_a_timed_out_sync_workflow_stuck_in_a_step_gives_its_slot_back(
         assert runner.worker.busy_threads == 1  # the hung step is still in its thread
     finally:
         release.set()
+
+
+def test_a_worker_whose_start_up_statements_are_cancelled_starts_all_the_same(
+        named_app: tuple[pgdurable.App, str], database_url: str, schema: str,
+        start_worker: Callable[..., Any]) -> None:
+    """A statement_timeout or pg_cancel_backend hitting a worker's start-up statements (registering itself,
+    reading its queues' policies) is tried again, not the end of the worker process. Found by the chaos
+    suite's cancelq scenario on a Citus cluster, where such a cancel made workers exit at start."""
+    app, name = named_app
+
+    @app.workflow()
+    def hello() -> str:
+        return "hello"
+
+    app.migrate()
+    cancelled: list[int] = []
+    with psycopg.connect(database_url, autocommit=True) as locker, \
+            psycopg.connect(database_url, autocommit=True) as canceller, locker.transaction():
+        # The worker registers itself in `workers`: held here, its INSERT waits on the lock.
+        locker.execute(f'LOCK TABLE "{schema}".workers IN ACCESS EXCLUSIVE MODE')
+        runner = start_worker(app)
+
+        def cancel_the_waiting_insert() -> bool:
+            row = canceller.execute(
+                "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity WHERE application_name = %s "
+                "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO workers%%'", (name,)).fetchone()
+            if row and row[0]:
+                cancelled.append(int(row[0]))
+            return len(cancelled) == 2
+
+        wait_for(cancel_the_waiting_insert, WAIT, "the worker's registration to wait on the lock, twice")
+    # the lock is released as the block ends: the third try registers the worker
+    assert app.enqueue(hello).result(timeout=WAIT) == "hello"
+    assert runner.thread.is_alive()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        registered = conn.execute(f'SELECT count(*) FROM "{schema}".workers WHERE id = %s',
+                                  (runner.worker.id,)).fetchone()
+    assert registered == (1,)
