@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from . import store
-from .errors import SerializationError
+from .errors import LeaseLost, SerializationError
 from .waiting import cancel_and_wait
 
 log = logging.getLogger("pgdurable.worker")
@@ -115,6 +115,7 @@ class WriteBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._buckets: dict[str, int] = {}  # execution id -> its bucket, on a schema with the Citus layout
+        self._closed = False  # the writer has stopped: whatever is submitted now is not written
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -123,6 +124,12 @@ class WriteBatcher:
     async def close(self) -> None:
         if self._task is not None:
             await cancel_and_wait([self._task])
+        # Nothing writes any more: what is still pending (submitted while the last batch ran, or since) is
+        # settled as not written, or a workflow thread would wait on it forever, and with it the process's exit.
+        with self._lock:
+            self._closed = True
+            left, self._pending = self._pending, []
+        _not_written(left)
         if self._aconn is not None:
             await self._aconn.close()
         if self._conn is not None:
@@ -143,6 +150,9 @@ class WriteBatcher:
         assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         with self._lock:
+            if self._closed:
+                _not_written([(item, future)])
+                return future
             self._pending.append((item, future))
             idle, self._busy = not self._busy, True
         if idle:
@@ -161,6 +171,9 @@ class WriteBatcher:
         """Several items at once, so that they go out in one batch."""
         waiters = [ThreadWaiter() for _ in items]
         with self._lock:
+            if self._closed:
+                _not_written(list(zip(items, waiters, strict=True)))
+                return waiters
             self._pending.extend(zip(items, waiters, strict=True))
             idle, self._busy = not self._busy, True
         if idle:
@@ -195,6 +208,9 @@ class WriteBatcher:
         for attempt in range(1, _FLUSH_ATTEMPTS + 1):
             try:
                 if self._conn is None or self._conn.closed:
+                    if self._closed:  # the worker stopped meanwhile: no new connection for it
+                        plan.failure = _stopped()
+                        break
                     self._conn = self._connect()
                 plan.execute(self._conn)
                 break
@@ -224,23 +240,41 @@ class WriteBatcher:
 
     async def _flush(self, batch: list[tuple[Item, Waiter]]) -> None:
         plan = self._plan(batch)
-        for attempt in range(1, _FLUSH_ATTEMPTS + 1):
-            try:
-                if self._aconn is None or self._aconn.closed:
-                    self._aconn = await self._aconnect()
-                await plan.aexecute(self._aconn)
-                break
-            except Exception as exc:  # the connection (psycopg.Error), or a bug: never lose the waiters
-                plan.failed(exc, attempt)
-                if not _reusable(self._aconn):
-                    self._aconn = None
-                await asyncio.sleep(0.2 * attempt)
+        try:
+            for attempt in range(1, _FLUSH_ATTEMPTS + 1):
+                try:
+                    if self._aconn is None or self._aconn.closed:
+                        self._aconn = await self._aconnect()
+                    await plan.aexecute(self._aconn)
+                    break
+                except Exception as exc:  # the connection (psycopg.Error), or a bug: never lose the waiters
+                    plan.failed(exc, attempt)
+                    if not _reusable(self._aconn):
+                        self._aconn = None
+                    await asyncio.sleep(0.2 * attempt)
+        except asyncio.CancelledError:  # the worker stops: this batch's waiters must still hear of it
+            plan.failure = plan.failure or _stopped()
+            plan.settle(None)
+            raise
         plan.settle(None)
 
     def _call_loop(self, callback: Callable[[], None]) -> None:
         assert self._loop is not None
         with contextlib.suppress(RuntimeError):  # a closed loop: the worker is exiting
             self._loop.call_soon_threadsafe(callback)
+
+
+def _stopped() -> LeaseLost:
+    return LeaseLost("the worker stopped before this was written; the execution resumes from its checkpoints")
+
+
+def _not_written(batch: list[tuple[Item, Waiter]]) -> None:
+    """Settle a batch the writer will never run (it has stopped), on the caller's thread or loop: writes as
+    not written (their workflow stops), statements with LeaseLost."""
+    if batch:
+        plan = _Plan(batch)
+        plan.failure = _stopped()
+        plan.settle(None)
 
 
 @dataclass(frozen=True)

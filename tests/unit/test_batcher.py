@@ -13,7 +13,7 @@ from psycopg import errors
 
 from pgdurable import batcher, store
 from pgdurable.batcher import Completion, Statement, StepWrite, ThreadWaiter, WriteBatcher, _Plan
-from pgdurable.errors import SerializationError
+from pgdurable.errors import LeaseLost, SerializationError
 
 from .fakes import AsyncFakeConnection, FakeConnection, FakeDatabase
 
@@ -247,3 +247,51 @@ def test_writer_gives_up_after_three_attempts(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(psycopg.OperationalError):
         beat.result()
     assert len(attempts) == 3
+
+
+# ---- closing ----------------------------------------------------------------------------------------------
+
+def test_closing_the_writer_settles_what_it_will_never_write() -> None:
+    """A stopping worker must leave no workflow thread waiting on a write forever: found in CI, where a sync
+    workflow's thread waited on its durable sleep's statement after its worker had stopped, and pytest could not
+    exit. Writes the writer never ran come back as not written; statements raise LeaseLost."""
+    def go() -> tuple[list[Any], list[Any]]:
+        async def scenario() -> tuple[list[Any], list[Any]]:
+            connecting = asyncio.Event()
+
+            async def server_never_answers() -> psycopg.AsyncConnection[Any]:
+                connecting.set()
+                await asyncio.Event().wait()
+                raise AssertionError("unreachable")
+
+            def no_thread_connects() -> psycopg.Connection[Any]:
+                raise AssertionError("the loop's flusher is busy: no workflow thread should lead a batch")
+
+            writer = WriteBatcher(server_never_answers, no_thread_connects)
+            await writer.start()
+            in_flight = writer.submit(step("e1", 1, 0))  # the flusher takes it and waits for a connection
+            await connecting.wait()
+            beat = Statement(store.claims.heartbeat(owner="w", lease=1.0, ids=["e2"]))
+            # From workflow threads, while the flusher is busy: queued behind it.
+            waiters = [await asyncio.to_thread(writer.submit_threadsafe, step("e2", 1, 0)),
+                       await asyncio.to_thread(lambda: writer.submit_all_threadsafe([beat])[0])]
+            await writer.close()
+            late = [await asyncio.to_thread(writer.submit_threadsafe, step("e3", 1, 0)), writer.submit(done("e3", 1))]
+            threads = [*waiters, late[0]]
+            assert all(w.done() for w in threads), "a workflow thread would wait forever"
+            assert in_flight.done() and late[1].done()
+            return [_outcome(w) for w in threads], [in_flight.result(), late[1].result()]
+        return asyncio.run(asyncio.wait_for(scenario(), 30))
+
+    threads, futures = go()
+    assert threads[0] == (False, None)  # the queued write: not written
+    assert threads[1][0] is None and isinstance(threads[1][1], LeaseLost)  # the queued statement
+    assert threads[2] == (False, None)  # submitted after the close, from a thread
+    assert futures == [False, False]  # the one in flight when the flusher stopped, and one submitted after
+
+
+def _outcome(waiter: ThreadWaiter) -> tuple[Any, BaseException | None]:
+    try:
+        return waiter.result(), None
+    except BaseException as exc:
+        return None, exc
