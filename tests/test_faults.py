@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import pgdurable
@@ -316,7 +317,7 @@ def test_a_worker_whose_start_up_statements_are_cancelled_starts_all_the_same(
     with psycopg.connect(database_url, autocommit=True) as locker, \
             psycopg.connect(database_url, autocommit=True) as canceller, locker.transaction():
         # The worker registers itself in `workers`: held here, its INSERT waits on the lock.
-        locker.execute(f'LOCK TABLE "{schema}".workers IN ACCESS EXCLUSIVE MODE')
+        locker.execute(sql.SQL("LOCK TABLE {}.workers IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema)))
         runner = start_worker(app)
 
         def cancel_the_waiting_insert() -> bool:
@@ -332,6 +333,6 @@ def test_a_worker_whose_start_up_statements_are_cancelled_starts_all_the_same(
     assert app.enqueue(hello).result(timeout=WAIT) == "hello"
     assert runner.thread.is_alive()
     with psycopg.connect(database_url, autocommit=True) as conn:
-        registered = conn.execute(f'SELECT count(*) FROM "{schema}".workers WHERE id = %s',
-                                  (runner.worker.id,)).fetchone()
+        query = sql.SQL("SELECT count(*) FROM {}.workers WHERE id = %s").format(sql.Identifier(schema))
+        registered = conn.execute(query, (runner.worker.id,)).fetchone()
     assert registered == (1,)
