@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 import pgdurable
 from pgdurable.cli import cli
+from pgdurable.cli._common import console
 from pgdurable.cron import CronSchedule
 from pgdurable.db import aconfigure
 from pgdurable.sqlfiles import migrations
@@ -451,10 +452,14 @@ def test_worker_roles_granted_before_the_upgrade_may_fire_schedules(database_url
 
 # -- command line -----------------------------------------------------------------------------------------
 
-def test_cli_schedules(app: pgdurable.App, db: psycopg.Connection[Any], database_url: str, schema: str) -> None:
+def test_cli_schedules(app: pgdurable.App, db: psycopg.Connection[Any], database_url: str, schema: str,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI's console reads its width once, when it is imported: under pytest-xdist that is 80 columns, too
+    # narrow for the table's "nightly" to survive. The width is set here rather than through COLUMNS.
+    monkeypatch.setattr(console, "width", 250)
+
     def run(*args: str) -> Any:
-        return CliRunner().invoke(cli, ["schedules", *args, "--database-url", database_url, "--schema", schema],
-                                  env={"COLUMNS": "250"})
+        return CliRunner().invoke(cli, ["schedules", *args, "--database-url", database_url, "--schema", schema])
 
     made = run("create", "nightly", "reports.nightly", "30 2 * * *", "--tz", PARIS, "--args", '{"kind": "full"}',
                "--catch-up", "all", "--queue", "reports", "--json")
