@@ -49,7 +49,8 @@ Scenarios (rows of the report):
              then a burst of probe workflows shows how many slots each worker can still use (a hung sync
              step's thread cannot be killed, but its given-up workflow frees its slot); the rest completes
              on the same workers
-  burst      enqueue_many of 5,000 workflows (50,000 in soak mode) while workers are SIGKILLed
+  burst      enqueue_many of 5,000 workflows (2,000 on a cluster; 50,000 in soak mode) while workers are
+             SIGKILLed
   noderestart  (--cluster only) a Citus worker node stopped with pg_ctl -m immediate and started again
              mid-run: besides every check above, some workflow must finish while it is down (the
              coordinator and the other node keep working), and the cluster must be whole again afterwards.
@@ -165,16 +166,19 @@ class Profile:
     # its next statement reconnects (15-25 ms measured here, TLS included), so a timeout below that cancels the
     # reconnecting statement too, and the one after it: nothing can move, whatever the engine does
     cluster_statement_timeout_ms: int
+    # ... and the burst there: a Citus cluster on this machine drains about 40 workflows/s against a single
+    # node's 100 (every statement is a coordinator and a worker node), so CI's burst is smaller on it
+    cluster_burst: int
 
 
 CI = Profile(feed_seconds=7.0, rate=40.0, burst=5_000, pause=0.08, restarts=1, terminations=3, stops=1,
              down=(1.0, 3.0), waiters=4, nap=0.5, messages=5, gap=(0.05, 0.5), children=3, timeouts=(1.5, 3.0),
              forevers=12, hangs=6, cancel_every=(0.1, 0.3), statement_timeout_ms=20,
-             cluster_statement_timeout_ms=100)
+             cluster_statement_timeout_ms=100, cluster_burst=2_000)
 SOAK = Profile(feed_seconds=20.0, rate=50.0, burst=50_000, pause=0.08, restarts=2, terminations=5, stops=2,
                down=(1.0, 6.0), waiters=4, nap=1.0, messages=8, gap=(0.05, 1.0), children=4, timeouts=(1.5, 6.0),
                forevers=30, hangs=8, cancel_every=(0.1, 0.3), statement_timeout_ms=20,
-               cluster_statement_timeout_ms=100)
+               cluster_statement_timeout_ms=100, cluster_burst=50_000)
 
 
 @dataclass(frozen=True)
@@ -1132,7 +1136,8 @@ class Scenario:
 
     def _plan(self, profile: Profile) -> list[Item]:
         if self.name == "burst":
-            return make_items(self.rng, self.label, 0, profile.burst, BURST_MIX, profile, profile.pause / 4)
+            return make_items(self.rng, self.label, 0, self._burst_size(profile), BURST_MIX, profile,
+                              profile.pause / 4)
         count = int(profile.feed_seconds * profile.rate)
         mix = FAILING_MIX if self.name == "failing" else MIX
         if isinstance(self.server, ClusterServer):
@@ -1426,10 +1431,13 @@ class Scenario:
         while self._feeding():
             self._idle(0.1)
 
+    def _burst_size(self, profile: Profile) -> int:
+        return profile.cluster_burst if isinstance(self.server, ClusterServer) else profile.burst
+
     def _inject_burst(self, profile: Profile) -> None:
         restarts: list[tuple[float, int]] = []
         next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5)
-        total = profile.burst
+        total = self._burst_size(profile)
         cap = time.monotonic() + max(30.0, total / 100)
         done_query = self.e("SELECT count(*) FROM {e}.workflow_executions WHERE status IN ('succeeded', 'failed')")
         done, checked = 0, 0.0

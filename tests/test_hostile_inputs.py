@@ -71,8 +71,12 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_hostile_values_never_hurt_other_work(app: pgdurable.App, database_url: str, schema: str,
-                                              start_worker: Callable[..., Any]) -> None:
+def test_hostile_values_never_hurt_other_work(make_app: Callable[..., pgdurable.App], database_url: str,
+                                              schema: str, start_worker: Callable[..., Any]) -> None:
+    # Every hostile execution must fail on its first attempt (no recovery). A lease long enough that a
+    # heavily loaded machine cannot let it lapse between heartbeats keeps a recovery from meaning anything else.
+    app = make_app(lease_seconds=15.0)
+
     @app.step(max_attempts=1)
     def produce(token: str) -> Any:
         return POOL[token]
