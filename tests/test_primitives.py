@@ -273,7 +273,12 @@ def test_fan_out_of_a_thousand_children(make_app: Callable[..., pgdurable.App],
 
     @app.workflow()
     def leaf(i: int) -> int:
-        pgdurable.sleep(0.5)  # so that the parent really waits, and the children sleep durably as well
+        if i == 999:
+            # The last child waits for the test, which sends once the parent has suspended: on a loaded
+            # machine, enqueueing the thousand can outlast any sleep, and the parent would find them all done.
+            pgdurable.recv("go")
+        else:
+            pgdurable.sleep(0.5)  # the children sleep durably as well
         return i
 
     @app.workflow()
@@ -282,7 +287,12 @@ def test_fan_out_of_a_thousand_children(make_app: Callable[..., pgdurable.App],
 
     start_worker(app, concurrency=64)
     begun = time.monotonic()
-    assert app.enqueue(fan_out, 1000, workflow_id="fan").result(timeout=2 * WAIT) == sum(range(1000))
+    handle = app.enqueue(fan_out, 1000, workflow_id="fan")
+    wait_for(lambda: execution(app, "fan").status == "waiting", 2 * WAIT, "the parent to suspend on its children")
+    [last] = [child_id for child_id, _, status, *_ in app.children("fan")
+              if status != "succeeded" and execution(app, child_id).input == '{"i": 999}']
+    app.send(last, "go", topic="go")
+    assert handle.result(timeout=2 * WAIT) == sum(range(1000))
     print(f"fan-out of 1,000 children: {time.monotonic() - begun:.2f} s, parent attempts "
           f"{execution(app, 'fan').attempt}")
     assert execution(app, "fan").attempt > 1  # it suspended while its children slept
