@@ -1,11 +1,12 @@
-"""sql/schema.sql is the current schema as a newcomer should read it. It is documentation that is checked:
-a schema created by running every migration in order and one created by running schema.sql alone must be
-the same in the catalogs (columns, constraints, indexes, functions with their full text, triggers, views,
-storage options, privileges)."""
+"""sql/schema.sql is the current schema as a newcomer should read it, and what a new single-node schema is
+created by: a schema created by running every migration in order and one created by running schema.sql alone
+must be the same in the catalogs (columns, constraints, indexes, functions with their full text, triggers,
+views, storage options, privileges) and in the rows the migrations leave in their tables."""
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from psycopg import sql
 
 from pgdurable import channels
 from pgdurable.migrations import migrate
-from pgdurable.sqlfiles import queries, schema_sql
+from pgdurable.sqlfiles import migrations, queries, schema_sql
 
 # Each query returns (kind, name, description) rows for one schema, given as %(schema)s.
 _CATALOG = [
@@ -121,20 +122,49 @@ def two_schemas(database_url: str) -> Iterator[tuple[str, str]]:
 
 def test_schema_sql_matches_the_migrations(database_url: str, two_schemas: tuple[str, str]) -> None:
     migrated, declared = two_schemas
-    migrate(database_url, migrated)
+    migrate(database_url, migrated, replay=True)
     with psycopg.connect(database_url, autocommit=True) as conn:
         create_from_schema_sql(conn, declared)
         a, b = catalog(conn, migrated), catalog(conn, declared)
+        rows_a, rows_b = table_rows(conn, migrated), table_rows(conn, declared)
     assert len(a) > 50, "the catalog queries found too little: they are broken"
     problems = diff(a, b)
     assert not problems, ("src/pgdurable/sql/schema.sql does not describe what the migrations create; bring it "
                           "up to date with the latest migration:\n" + problems)
+    assert rows_a == rows_b, "the migrations and schema.sql leave different rows in the tables"
+
+
+def test_a_new_schema_is_created_by_schema_sql_with_every_migration_recorded(database_url: str,
+                                                                              schema: str) -> None:
+    applied = migrate(database_url, schema)
+    versions = [version for version, _, _ in migrations()]
+    assert applied == versions
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        recorded = conn.execute(sql.SQL("SELECT version, name FROM {}.schema_migrations ORDER BY version")
+                                .format(sql.Identifier(schema))).fetchall()
+    assert recorded == [(version, name) for version, name, _ in migrations()]
+    assert migrate(database_url, schema) == []  # up to date: nothing left to apply
+
+
+def table_rows(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[Any]]:
+    """Every table's rows as JSON text, sorted; not the migration history (the runner writes it, and the
+    test above checks what it records for a new schema)."""
+    tables = [row[0] for row in conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND c.relname <> 'schema_migrations' ORDER BY 1",
+        (schema,))]
+    found: dict[str, list[Any]] = {}
+    for table in tables:
+        query = sql.SQL("SELECT to_jsonb(t) FROM {}.{} AS t").format(
+            sql.Identifier(schema), sql.Identifier(table))
+        found[table] = sorted(json.dumps(row[0], sort_keys=True) for row in conn.execute(query))
+    return found
 
 
 def test_the_comparison_sees_a_difference(database_url: str, two_schemas: tuple[str, str]) -> None:
     """The check is not vacuous: one changed function body, default or index shows up in the diff."""
     migrated, declared = two_schemas
-    migrate(database_url, migrated)
+    migrate(database_url, migrated, replay=True)
     with psycopg.connect(database_url, autocommit=True) as conn:
         create_from_schema_sql(conn, declared)
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(declared)))

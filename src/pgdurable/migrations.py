@@ -10,7 +10,7 @@ from psycopg import sql
 
 from . import citus
 from .errors import ConfigurationError
-from .sqlfiles import citus_migrations, migrations
+from .sqlfiles import citus_migrations, migrations, schema_sql
 
 log = logging.getLogger("pgdurable")
 
@@ -37,7 +37,8 @@ def applied_version(conn: psycopg.Connection[Any], schema: str) -> int:
     return int(version[0]) if version else 0
 
 
-def migrate(conninfo: str, schema: str, *, target: int | None = None, citus_mode: str | None = None) -> list[int]:
+def migrate(conninfo: str, schema: str, *, target: int | None = None, citus_mode: str | None = None,
+            replay: bool = False) -> list[int]:
     """Bring ``schema`` up to date (or up to version ``target``, for tests of upgrades); returns the versions
     this call applied (empty if none were needed).
 
@@ -49,11 +50,15 @@ def migrate(conninfo: str, schema: str, *, target: int | None = None, citus_mode
     ``PGDURABLE_CITUS``) also gives the schema the distributed layout: after each single-node migration its
     Citus script of the same number, if any (recorded as ``citus.VERSION_OFFSET`` + its number). ``off``
     keeps a new schema on the coordinator, undistributed; a schema that has the layout keeps it whatever the
-    mode (docs/scale-out.md)."""
+    mode (docs/scale-out.md).
+
+    A new single-node schema is created by ``sql/schema.sql`` alone, with every migration recorded: the same
+    catalogs as the migrations in order (tests/test_schema_sql.py compares them) for less than half of the
+    server's work. ``replay`` (or a ``target``, or the Citus layout) runs the migrations one by one instead."""
     if target is not None and target not in {version for version, _, _ in migrations()}:
         raise ValueError(f"no migration has version {target}")
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        return migrate_on(conn, schema, target=target, citus_mode=citus_mode)
+        return migrate_on(conn, schema, target=target, citus_mode=citus_mode, replay=replay)
 
 
 def migrate_and_layout(conninfo: str, schema: str, *, apply: bool = True,
@@ -66,7 +71,7 @@ def migrate_and_layout(conninfo: str, schema: str, *, apply: bool = True,
 
 
 def migrate_on(conn: psycopg.Connection[Any], schema: str, *, target: int | None = None,
-               citus_mode: str | None = None) -> list[int]:
+               citus_mode: str | None = None, replay: bool = False) -> list[int]:
     """``migrate`` on an open autocommit connection."""
     mode = citus.mode(citus_mode)
     goal = latest_version() if target is None else target
@@ -89,6 +94,17 @@ def migrate_on(conn: psycopg.Connection[Any], schema: str, *, target: int | None
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         # Functions created with SET search_path FROM CURRENT pin this: our schema, then pg_temp last.
         conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_temp").format(sql.Identifier(schema)))
+        row = conn.execute("SELECT to_regclass(format('%%I.schema_migrations', %s::text)) IS NULL",
+                           (schema,)).fetchone()
+        if row and row[0] and target is None and not replay and not (on_citus and mode != "off"):
+            conn.execute(schema_sql())
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                                [(version, name) for version, name, _ in migrations()])
+            applied = [version for version, _, _ in migrations()]
+            conn.execute("SELECT reapply_role_grants()")
+            log.info("schema %s created at version %d (sql/schema.sql)", schema, applied[-1])
+            return applied
         conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version integer PRIMARY KEY, name text NOT NULL,"

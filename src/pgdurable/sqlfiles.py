@@ -87,6 +87,6 @@ def query(name: str, citus: bool = False) -> LiteralString:
 
 @cache
 def schema_sql() -> LiteralString:
-    """``sql/schema.sql``: the current schema in one script (documentation, checked against the migrations
-    by tests/test_schema_sql.py)."""
+    """``sql/schema.sql``: the current schema in one script (what a new single-node schema is created by,
+    checked against the migrations by tests/test_schema_sql.py)."""
     return _read("", "schema.sql")

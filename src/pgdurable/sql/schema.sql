@@ -1,13 +1,15 @@
 -- pgdurable: the current schema, in one file, as a newcomer should read it.
 --
--- What this file is. The database is created and upgraded ONLY by the numbered migrations in
--- sql/migrations/ (applied in order by migrations.py, recorded in schema_migrations). Migrations are
--- history: to learn what enqueue_workflow does today you would otherwise have to read 0002, then 0005, then
--- 0008. This file is the result: every table, index, view, function and trigger in its latest definition,
--- ordered by concept. tests/test_schema_sql.py runs every migration into one schema and this file into
--- another and compares them in the catalogs (columns, constraints, indexes, function text, triggers, views,
--- storage options, privileges), so this file cannot drift from what a migrate produces. It is not used to
--- install (a fresh install runs the migrations, like an upgrade does: one path to trust).
+-- What this file is. A database is upgraded by the numbered migrations in sql/migrations/ (applied in order
+-- by migrations.py, recorded in schema_migrations). Migrations are history: to learn what enqueue_workflow
+-- does today you would otherwise have to read 0002, then 0005, then 0008. This file is the result: every
+-- table, index, view, function and trigger in its latest definition, ordered by concept. A NEW single-node
+-- schema is created by this file alone, with every migration recorded as applied (less than half the
+-- server's work of replaying them; the Citus layout still replays them, its scripts interleaved).
+-- tests/test_schema_sql.py replays every migration into one schema and runs this file into another and
+-- compares them in the catalogs (columns, constraints, indexes, function text, triggers, views, storage
+-- options, privileges) and in the rows the migrations leave in their tables, so this file cannot drift from
+-- what the migrations produce.
 --
 -- It runs, like every migration, with search_path set to "<schema>, pg_temp" (default schema "pgdurable"),
 -- so names are unqualified and SET search_path FROM CURRENT pins that path into every function.
