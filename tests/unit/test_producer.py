@@ -38,8 +38,8 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
                                idle_delay: float | None = None, seen: list[Producer] | None = None,
                                ) -> tuple[list[str], list[str]]:
     """Runs a producer whose claims return ``claims`` in turn, until it has sent every scripted claim; returns
-    the names of the statements sent ("claim+arm" for a claim asked to arm the doorbell if it comes back
-    short) and the executions launched."""
+    the names of the statements sent ("claim+arm" for a claim asked to arm the doorbell if it finds nothing)
+    and the executions launched."""
     sent: list[str] = []
     executor = FakeExecutor()
     stopping = asyncio.Event()
@@ -81,31 +81,32 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
 
 
 def test_the_claim_that_closes_the_doorbells_gap_is_not_debounced() -> None:
-    """A short claim arms the doorbell in the same statement, and the producer claims once more at once: an
-    enqueue that committed while the bell was being armed rang nothing, and must not wait out the debouncer
-    (which spaces claims while the worker is busy)."""
-    sent, launched = asyncio.run(_claims_after_arming([["a"], []]))
-    assert sent == ["claim+arm", "claim"]
+    """A claim that finds nothing arms the doorbell in the same statement, and the producer claims once more
+    at once: an enqueue that committed while the bell was being armed rang nothing, and must not wait out the
+    debouncer (which spaces claims while the worker is busy). A claim that found work leaves the bell alone:
+    the next one, after that work started, asks again."""
+    sent, launched = asyncio.run(_claims_after_arming([["a"], [], []]))
+    assert sent == ["claim+arm", "claim+arm", "claim"]
     assert launched == ["a"]
 
 
 def test_work_found_by_the_gap_closing_claim_is_launched() -> None:
-    sent, launched = asyncio.run(_claims_after_arming([["a"], ["b"]]))
+    sent, launched = asyncio.run(_claims_after_arming([[], ["b"]]))
     assert sent == ["claim+arm", "claim"]
-    assert launched == ["a", "b"]
+    assert launched == ["b"]
 
 
 def test_a_ring_heard_before_the_arming_claim_returns_is_not_forgotten() -> None:
     """The NOTIFY of an enqueue that rang the bell just armed can be handled before the arming claim returns:
     the producer must then know its bell is no longer armed, and arm it again before sleeping (else nobody
     could wake it: each enqueue would wait for the idle re-check)."""
-    sent, launched = asyncio.run(_claims_after_arming([["a"], [], []], ring_while_arming=True))
+    sent, launched = asyncio.run(_claims_after_arming([[], [], []], ring_while_arming=True))
     assert sent[:3] == ["claim+arm", "claim+arm", "claim"]
-    assert launched == ["a"]
+    assert launched == []
 
 
 def test_a_full_batch_leaves_the_doorbell_unarmed_and_the_producer_knows_it() -> None:
-    """A claim asked to arm arms only if it comes back short: after a full batch the producer claims again,
+    """A claim asked to arm arms only if it finds nothing: after a full batch the producer claims again,
     still asking to arm, and closes the gap once the queue runs dry."""
     full = [f"x{i}" for i in range(FakeExecutor.concurrency - 1)]  # one slot is busy throughout
     sent, launched = asyncio.run(_claims_after_arming([full, [], []]))
@@ -114,10 +115,12 @@ def test_a_full_batch_leaves_the_doorbell_unarmed_and_the_producer_knows_it() ->
 
 
 def test_after_handing_out_work_the_gap_closing_claim_waits_for_a_freed_slot() -> None:
-    """When the arming claim found work, the gap-closing claim does not compete with that work's first
-    statements: it comes a moment later, or as soon as a slot is freed (here the moment is an hour long)."""
-    sent, launched = asyncio.run(_claims_after_arming([["a"], []], gap_delay=3600.0, free_a_slot_after=0.05))
-    assert sent == ["claim+arm", "claim"]
+    """When a claim found work, the next claim (which arms the bell if it finds nothing) does not compete with
+    that work's first statements: it comes a moment later, or as soon as a slot is freed (here the moment is
+    an hour long)."""
+    sent, launched = asyncio.run(_claims_after_arming([["a"], [], []], gap_delay=3600.0,
+                                                      free_a_slot_after=0.05))
+    assert sent == ["claim+arm", "claim+arm", "claim"]
     assert launched == ["a"]
 
 
@@ -126,6 +129,6 @@ def test_the_idle_recheck_starts_short_again_after_work() -> None:
     empty. After work was found it must start again from its first delay: else an enqueue that escaped the
     bell (see the producer's docstring) would wait out the grown delay, up to a whole poll interval."""
     seen: list[Producer] = []
-    asyncio.run(_claims_after_arming([["a"], []], idle_delay=1.6, seen=seen))
+    asyncio.run(_claims_after_arming([["a"], [], []], idle_delay=1.6, seen=seen))
     [producer] = seen
     assert producer.idle.delay == Producer.IDLE_RECHECK_SECONDS

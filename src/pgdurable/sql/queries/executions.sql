@@ -83,8 +83,9 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- returns the one it had), and the first claim fixes the deadline of an execution with a timeout.
 -- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
 -- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
--- With %(arm)s, a claim that comes back short (the queue ran dry) also arms this worker's doorbell for the
--- queue (see arm_doorbell), in the same round trip and commit: the producer is about to sleep.
+-- With %(arm)s, a claim that finds nothing (the queue ran dry) also arms this worker's doorbell for the
+-- queue (see arm_doorbell), in the same round trip and commit: the producer is about to sleep. A claim that
+-- finds work writes nothing more: its commit is on the path from enqueue to start.
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), picked AS (
@@ -106,11 +107,11 @@ WITH clock AS MATERIALIZED (
 ), armed AS (  -- as arm_doorbell: a bell already armed is left alone, unlocked
     UPDATE worker_doorbells SET armed = true
     WHERE queue = %(queue)s AND worker_id = %(owner)s AND NOT armed
-      AND %(arm)s AND (SELECT count(*) FROM picked) < %(limit)s
+      AND %(arm)s AND NOT EXISTS (SELECT FROM picked)
 ), installed AS (
     INSERT INTO worker_doorbells (queue, worker_id)
     SELECT %(queue)s, %(owner)s
-    WHERE %(arm)s AND (SELECT count(*) FROM picked) < %(limit)s
+    WHERE %(arm)s AND NOT EXISTS (SELECT FROM picked)
       AND NOT EXISTS (SELECT FROM worker_doorbells WHERE queue = %(queue)s AND worker_id = %(owner)s)
     ON CONFLICT DO NOTHING
 )
