@@ -94,9 +94,9 @@ def migrate_on(conn: psycopg.Connection[Any], schema: str, *, target: int | None
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         # Functions created with SET search_path FROM CURRENT pin this: our schema, then pg_temp last.
         conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_temp").format(sql.Identifier(schema)))
-        row = conn.execute("SELECT to_regclass(format('%%I.schema_migrations', %s::text)) IS NULL",
-                           (schema,)).fetchone()
-        if row and row[0] and target is None and not replay and not (on_citus and mode != "off"):
+        # Asked again under the lock: another process may have created the schema meanwhile.
+        fresh = applied_version(conn, schema) == 0
+        if fresh and target is None and not replay and not (on_citus and mode != "off"):
             conn.execute(schema_sql())
             with conn.cursor() as cur:
                 cur.executemany("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
