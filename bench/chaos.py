@@ -693,6 +693,18 @@ def make_hangs(rng: random.Random, label: str, start: int, count: int, profile: 
     return items
 
 
+def burst_outcome(item: Item, made: list[tuple[str, Any]], splits: int) -> tuple[list[Item], int]:
+    """A debounced burst's executions (id, the n it ran with; oldest first) as the items they are checked as,
+    and how many of them should not exist. The newest must have run with the burst's last arguments. Each
+    pause the feeder saw (``splits``) may rightly have made one earlier execution, run with whatever
+    arguments it last took from the burst: it is checked as an item of its own."""
+    checked = [replace(item, id=execution_id, burst=(), result=(
+        chaos_app.expected_debounced(n) if n in item.burst else "arguments outside the burst"))
+        for execution_id, n in made[:-1]]
+    checked.append(replace(item, id=made[-1][0]))
+    return checked, max(0, len(made) - 1 - splits)
+
+
 class Feeder(threading.Thread):
     """Enqueues batches at their due times with enqueue_many (one enqueue each for items with a timeout of
     their own), retrying a batch (same ids: idempotent) until the database takes it."""
@@ -708,6 +720,11 @@ class Feeder(threading.Thread):
         self.retries = 0
         self.failures: list[str] = []
         self.burst_sent: dict[str, int] = {}  # debounced items: enqueues of the burst that went in
+        # Debounced items: how many times the burst may have split in two. An enqueue that returned more than
+        # DEBOUNCE_SECONDS after the previous one was sent (a retry across a restart, a stalled client) may
+        # find the first execution already started, and then rightly makes a new one.
+        self.burst_splits: dict[str, int] = {}
+        self._burst_last_send: dict[str, float] = {}
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -763,8 +780,15 @@ class Feeder(threading.Thread):
         handle = None
         sent = self.burst_sent.get(item.id, 0)
         for n in item.burst[max(0, sent - 1):]:  # the last one that went in again: it may have been the failed one
+            sent_at = time.monotonic()
             handle = self.client.enqueue(flow, debounce_key=item.id, debounce_seconds=DEBOUNCE_SECONDS,
                                          debounce_max_seconds=10 * DEBOUNCE_SECONDS, n=n, **item.args)
+            # The server's gap between two enqueues that went in is at most this one's return minus the
+            # previous one's send (a failed attempt between them committed, if at all, within that span).
+            previous = self._burst_last_send.get(item.id)
+            if previous is not None and time.monotonic() - previous > DEBOUNCE_SECONDS:
+                self.burst_splits[item.id] = self.burst_splits.get(item.id, 0) + 1
+            self._burst_last_send[item.id] = sent_at
             sent += 1
             self.burst_sent[item.id] = sent
         assert handle is not None
@@ -1638,21 +1662,30 @@ class Scenario:
         return 4 * self.opts.sweep + 1.0
 
     def _bursts_by_key(self, items: list[Item], notes: list[str], row: Row) -> list[Item]:
-        """Each debounced item as the one execution its burst made, found by its key (the planned id); a burst
-        that made more than one execution ran more than once."""
-        runs: dict[str, list[str]] = {}
-        for execution_id, key in self.checker.rows(self.e(
-                "SELECT id, debounce_key FROM {e}.workflow_executions WHERE debounce_key IS NOT NULL")):
-            runs.setdefault(key, []).append(execution_id)
+        """Each debounced item as the executions its burst made, found by its key (the planned id). The last one
+        made must have run with the burst's last arguments. A burst the feeder saw pause for longer than the
+        window (a retry across a restart) may rightly have made one more execution per pause, each run with
+        the arguments it last took: those are checked as items of their own. Any more ran more than once."""
+        runs: dict[str, list[tuple[str, Any]]] = {}
+        for execution_id, key, n in self.checker.rows(self.e(
+                "SELECT id, debounce_key, input->'n' FROM {e}.workflow_executions WHERE debounce_key IS NOT NULL "
+                "ORDER BY created_at, id")):
+            runs.setdefault(key, []).append((execution_id, n))
+        splits = self.feeder.burst_splits if self.feeder is not None else {}
         resolved = []
         for item in items:
             if item.burst and item.id in runs:
-                ids = runs[item.id]
-                if len(ids) > 1:
-                    row.duplicated += len(ids) - 1
-                    notes.append(f"debounced burst {item.id} ran {len(ids)} times: {ids[:3]}")
-                item = replace(item, id=ids[0])
-            resolved.append(item)
+                checked, extra = burst_outcome(item, runs[item.id], splits.get(item.id, 0))
+                if extra:
+                    row.duplicated += extra
+                    notes.append(f"debounced burst {item.id} ran {len(checked)} times (the feeder saw "
+                                 f"{splits.get(item.id, 0)} pauses): {[i.id for i in checked[:3]]}")
+                elif len(checked) > 1:
+                    notes.append(f"debounced burst {item.id} paused across a fault and rightly made "
+                                 f"{len(checked)} executions")
+                resolved.extend(checked)
+            else:
+                resolved.append(item)
         bursts = [item for item in items if item.burst]
         if bursts:
             notes.append(f"debounced: {len(bursts)} bursts of {sum(len(i.burst) for i in bursts)} enqueues, "
