@@ -96,7 +96,10 @@ def migrate_on(conn: psycopg.Connection[Any], schema: str, *, target: int | None
         conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_temp").format(sql.Identifier(schema)))
         # Asked again under the lock: another process may have created the schema meanwhile.
         fresh = applied_version(conn, schema) == 0
-        if fresh and target is None and not replay and not (on_citus and mode != "off"):
+        # On a coordinator a new schema gets the distributed layout (the migrations replayed, each followed by
+        # its layout script) unless citus="off"; a schema that has the layout keeps it, whatever the mode.
+        layout_for_new = on_citus and mode != "off"
+        if fresh and target is None and not replay and not layout_for_new:
             conn.execute(schema_sql())
             with conn.cursor() as cur:
                 cur.executemany("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
@@ -111,7 +114,7 @@ def migrate_on(conn: psycopg.Connection[Any], schema: str, *, target: int | None
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-        distribute = on_citus and (mode != "off" or any(v >= citus.VERSION_OFFSET for v in done))
+        distribute = layout_for_new or (on_citus and any(v >= citus.VERSION_OFFSET for v in done))
         layout = {version: (name, text) for version, name, text in citus_migrations()} if distribute else {}
         for version, name, text in migrations():
             if version > goal:
