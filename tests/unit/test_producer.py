@@ -36,6 +36,7 @@ class FakeExecutor:
 async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool = False,
                                gap_delay: float | None = None, free_a_slot_after: float | None = None,
                                idle_delay: float | None = None, seen: list[Producer] | None = None,
+                               close_after: float | None = None, ring_after: float | None = None,
                                ) -> tuple[list[str], list[str]]:
     """Runs a producer whose claims return ``claims`` in turn, until it has sent every scripted claim; returns
     the names of the statements sent ("claim+arm" for a claim asked to arm the doorbell if it finds nothing)
@@ -51,6 +52,8 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
         sent.append("claim+arm" if arming else call.name)
         if arming and ring_while_arming and sent.count("claim+arm") == 1:
             producer.rung()  # an enqueue rang the bell, and its NOTIFY arrived before the statement returned
+        if arming and ring_after is not None and sent.count("claim+arm") == 1:
+            asyncio.get_running_loop().call_later(ring_after, producer.rung)  # a ring once the bell is armed
         if call.name == "claim":
             if free_a_slot_after is not None and len(script) == len(claims):
                 asyncio.get_running_loop().call_later(free_a_slot_after, producer.slot_freed)
@@ -67,6 +70,8 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
     producer.debouncer.interval = 3600.0
     if gap_delay is not None:
         producer.COALESCE_SECONDS = gap_delay
+    if close_after is not None:
+        producer.GAP_SECONDS = close_after
     producer.idle.delay = idle_delay
     if seen is not None:
         seen.append(producer)
@@ -132,3 +137,12 @@ def test_the_idle_recheck_starts_short_again_after_work() -> None:
     asyncio.run(_claims_after_arming([["a"], [], []], idle_delay=1.6, seen=seen))
     [producer] = seen
     assert producer.idle.delay == Producer.IDLE_RECHECK_SECONDS
+
+
+def test_the_gap_closing_claim_comes_a_moment_after_the_arming_or_at_once_on_a_ring() -> None:
+    """After the bell is armed, the claim that closes the gap waits GAP_SECONDS, so that an enqueue racing the
+    arming has committed when it looks; a ring (an enqueue that saw the bell armed) sends it at once. Here
+    the moment is an hour long: only the ring can bring the closing claim within the test's deadline."""
+    sent, launched = asyncio.run(_claims_after_arming([[], ["b"]], close_after=3600.0, ring_after=0.05))
+    assert sent == ["claim+arm", "claim+arm"]  # the ring disarmed the bell: the next claim arms again
+    assert launched == ["b"]
