@@ -87,9 +87,9 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
 
 def test_the_claim_that_closes_the_doorbells_gap_is_not_debounced() -> None:
     """A claim that finds nothing arms the doorbell in the same statement, and the producer claims once more
-    at once: an enqueue that committed while the bell was being armed rang nothing, and must not wait out the
-    debouncer (which spaces claims while the worker is busy). A claim that found work leaves the bell alone:
-    the next one, after that work started, asks again."""
+    (GAP_SECONDS later): an enqueue that committed while the bell was being armed rang nothing, and must not
+    wait out the debouncer (which spaces claims while the worker is busy). A claim that found work leaves the
+    bell alone: the next one, after that work started, asks again."""
     sent, launched = asyncio.run(_claims_after_arming([["a"], [], []]))
     assert sent == ["claim+arm", "claim+arm", "claim"]
     assert launched == ["a"]

@@ -11,18 +11,17 @@ poll interval as a fallback), then claims a batch. Two named helpers shape when 
 Wake-ups cost the enqueuers (PostgreSQL serialises the commits of notifying transactions), so a producer asks
 for one only when it is about to sleep: a claim that finds nothing arms its doorbell for the queue (in the
 claim's own statement on a single node, a statement of its own on Citus or with queue limits), then the
-producer claims once more, at once, so that nothing committed while the bell was being armed is left behind. A
-claim that comes back short but found work does not arm: the producer claims again a moment later or when a
-slot frees (so as not to compete with that work's first statements), and that claim arms if it finds nothing.
-(Arming in a claim that found work put a write on the path from enqueue to start; without it,
-bench/compare_commits.sh gave a median enqueue->claim p50 of 1.64 against 1.75 ms and A 689 against 610
-workflows/s over six interleaved pairs: a small gain, within this machine's noise.) The next enqueue into the
-queue rings the bell (one NOTIFY) and disarms it. A busy producer claims again on its own and needs no bell.
-The claim that closes the gap comes a millisecond after the arming (at once on a ring), so that an enqueue
-racing the arming has usually committed by then. One case still escapes the bell: a transaction that looked at
-the bell just before it was armed and committed after that claim (a long application transaction, a slow
-commit); the sleeping producer re-claims on a backoff (50 ms, doubling up to the poll interval while the queue
-stays empty, back to 50 ms after any work), so such work waits tens of milliseconds, never a whole poll
+producer claims once more, a millisecond later (at once on a ring: ``GAP_SECONDS``), so that nothing committed
+while the bell was being armed is left behind. A claim that comes back short but found work does not arm: the
+producer claims again a moment later or when a slot frees (so as not to compete with that work's first
+statements), and that claim arms if it finds nothing. (Arming in a claim that found work put a write on the
+path from enqueue to start; without it, bench/compare_commits.sh gave a median enqueue->claim p50 of 1.64
+against 1.75 ms and A 689 against 610 workflows/s over six interleaved pairs: a small gain, within this
+machine's noise.) The next enqueue into the queue rings the bell (one NOTIFY) and disarms it. A busy producer
+claims again on its own and needs no bell. One case still escapes the bell: a transaction that looked at the
+bell just before it was armed and committed after the claim closing the gap (a long application transaction, a
+slow commit); the sleeping producer re-claims on a backoff (50 ms, doubling up to the poll interval while the
+queue stays empty, back to 50 ms after any work), so such work waits tens of milliseconds, never a whole poll
 interval.
 """
 
