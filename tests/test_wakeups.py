@@ -5,7 +5,9 @@ serialises."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -212,7 +214,7 @@ def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str
         finishing = threading.Thread(target=lambda: (finish(completer, "first-waiter"), completer.commit()))
         finishing.start()
         finishing.join(0.5)
-        assert finishing.is_alive()  # blocked on the registration's FOR SHARE
+        assert finishing.is_alive()  # blocked on the registration's FOR KEY SHARE
         waiter.commit()
         finishing.join(WAIT)
         assert not finishing.is_alive()
@@ -220,6 +222,74 @@ def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str
     finally:
         completer.close()
         waiter.close()
+
+
+def test_a_claim_takes_work_whose_waiter_is_registering(database_url: str, schema: str,
+                                                       db: psycopg.Connection[Any]) -> None:
+    """A result wait registering an enqueued execution (app.enqueue(...) then result()) holds its row FOR KEY
+    SHARE until it commits; the claim that the enqueue's own wake-up caused must not pass over that row."""
+    db.execute("SELECT enqueue_workflow('flow', '{}', 'q', 'awaited-at-once')")
+    waiter = psycopg.connect(database_url)
+    try:
+        waiter.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        waiter.commit()
+        assert waiter.execute(_query("await_status"), {"id": "awaited-at-once"}).fetchone()[0] == "enqueued"
+        # The registration is still open (its lock held) while the worker claims.
+        claim = store.claims.claim(queue="q", names=["flow"], owner="w1", lease=60.0, limit=5, version="v1")
+        claimed = store.run(db, claim)
+        assert [c.id for c in claimed] == ["awaited-at-once"]
+        waiter.commit()
+    finally:
+        waiter.close()
+    assert db.execute("SELECT execution_id FROM awaited_executions").fetchall() == [("awaited-at-once",)]
+
+
+def test_racing_registrations_and_completions_never_lose_a_wake_up(database_url: str, schema: str,
+                                                                  db: psycopg.Connection[Any],
+                                                                  done_channel: Callable[[], list[str]]) -> None:
+    """Registrations and completions (from enqueued and from running) sent at the same moment, many times:
+    every wait either reads the finished status or is notified. A lost wake-up would leave a waiter asleep
+    until its re-check."""
+    n = 150
+    ids = [f"race-{i}" for i in range(n)]
+    # The waiter starts up to 0.6 ms after the completer: sometimes before, sometimes during, sometimes after it.
+    lags = [random.Random(i).uniform(0, 0.0006) for i in range(n)]
+    for i, id_ in enumerate(ids):
+        db.execute("SELECT enqueue_workflow('flow', '{}', 'q', %s)", (id_,))
+        if i % 2:  # half finish from running (a claim first), half straight from enqueued
+            db.execute("UPDATE workflow_executions SET status = 'running', owner_id = 'w', "
+                       "lease_expires = now() + interval '1 hour' WHERE id = %s", (id_,))
+    completer = psycopg.connect(database_url, autocommit=True)
+    waiter = psycopg.connect(database_url, autocommit=True)
+    seen: dict[str, str] = {}
+    try:
+        for conn in (completer, waiter):
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        start = threading.Barrier(2)
+
+        def complete() -> None:
+            for id_ in ids:
+                start.wait(WAIT)
+                completer.execute("UPDATE workflow_executions SET status = 'succeeded', output = '1', owner_id = NULL,"
+                                  " lease_expires = NULL WHERE id = %s", (id_,))
+
+        completing = threading.Thread(target=complete)
+        completing.start()
+        for id_, lag in zip(ids, lags):
+            start.wait(WAIT)
+            time.sleep(lag)
+            row = waiter.execute(_query("await_status"), {"id": id_}).fetchone()
+            assert row is not None
+            seen[id_] = row[0]
+        completing.join(WAIT)
+    finally:
+        completer.close()
+        waiter.close()
+    unfinished = {id_ for id_, status in seen.items() if status != "succeeded"}
+    notified: set[str] = set()
+    wait_for(lambda: notified.update(done_channel()) or unfinished <= notified, WAIT,
+             f"a NOTIFY for every wait that saw its execution unfinished ({len(unfinished)})")
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
 
 
 def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdurable.App],

@@ -404,9 +404,9 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 
 -- Executions someone waits for the outcome of (a result wait outside workflows registers its execution
 -- before it sleeps): their completion alone sends a NOTIFY ("_done"), so finishing work nobody waits for
--- does not serialise the workers' commits. The registration reads the execution FOR SHARE (query
--- await_status), which orders it with a completion in flight: either the wait sees the finished status, or
--- the completion, which deletes the row, sees the registration.
+-- does not serialise the workers' commits. The registration locks the execution FOR KEY SHARE
+-- (await_execution_v1), which orders it with a completion in flight: either the wait sees the finished
+-- status, or the completion, which deletes the row, sees the registration.
 CREATE TABLE awaited_executions (
     execution_id text        PRIMARY KEY,
     since        timestamptz NOT NULL DEFAULT now()
@@ -478,7 +478,10 @@ BEGIN
     IF NEW.status = 'enqueued' THEN
         PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
-        -- Only a finished execution someone waits for notifies its waiters (see awaited_executions).
+        -- Only a finished execution someone waits for notifies its waiters (see awaited_executions). A
+        -- waiter registering right now holds the row FOR KEY SHARE (await_execution_v1), which this lock
+        -- waits for: the DELETE below, a new statement, then sees its registration.
+        PERFORM FROM workflow_executions e WHERE e.id = NEW.id FOR UPDATE;
         DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id;
         IF FOUND THEN
             PERFORM pg_notify(notify_channel('done'), NEW.id);
@@ -497,6 +500,39 @@ BEGIN
         END IF;
     END IF;
     RETURN NULL;
+END;
+$$;
+
+-- The status of an execution about to be waited for, registering an unfinished one as awaited (its
+-- completion then notifies); one round trip. A finished one is only read. An unfinished one is locked FOR
+-- KEY SHARE, a lock that a claim (FOR NO KEY UPDATE SKIP LOCKED) does not skip and that a completion waits
+-- for (its trigger locks the finished row FOR UPDATE before it looks for registrations), then read again in
+-- a statement of its own, which sees a completion that committed while the lock waited for it. Either the
+-- wait sees the finished status, or the completion sees the registration. (FOR SHARE, used before, ordered
+-- them as well, but a claim skipped the row while a waiter held it: work awaited as soon as it was enqueued
+-- waited for the producer's next claim.)
+CREATE FUNCTION await_execution_v1(awaited_id text)
+RETURNS TABLE (status text, output jsonb, error jsonb)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    SELECT e.status, e.output, e.error INTO status, output, error FROM workflow_executions e WHERE e.id = awaited_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
+        PERFORM FROM workflow_executions e WHERE e.id = awaited_id FOR KEY SHARE;
+        SELECT e.status, e.output, e.error INTO status, output, error
+        FROM workflow_executions e WHERE e.id = awaited_id;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
+            INSERT INTO awaited_executions AS a (execution_id) VALUES (awaited_id) ON CONFLICT DO NOTHING;
+        END IF;
+    END IF;
+    RETURN NEXT;
 END;
 $$;
 
@@ -1148,7 +1184,7 @@ BEGIN
                                              WHERE w.app_version IS NOT NULL
                                                AND w.heartbeat_at > now() - make_interval(secs => adopt_after))))
         ORDER BY e.priority, e.seq
-        FOR UPDATE OF e SKIP LOCKED
+        FOR NO KEY UPDATE OF e SKIP LOCKED
     LOOP
         scanned := scanned + 1;
         EXIT WHEN scanned > 1000;
@@ -1713,6 +1749,7 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
                        app_versions(), migrate_app_version(text, text),
                        clock_now(), notify_channel(text), ring_doorbells(text[]), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
+                       await_execution_v1(text),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
     FROM PUBLIC;

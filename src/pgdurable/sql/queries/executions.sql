@@ -77,10 +77,12 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- Take up to %(limit)s runnable executions of one queue: mark them running, owned by this worker, with a
 -- fresh lease and a new attempt number (the fencing token). Equality on the queue lets the scan follow
 -- workflow_executions_claim_idx in order and stop after LIMIT rows, however long the backlog is.
--- SKIP LOCKED lets concurrent workers claim different rows. An execution started by another application
--- version is left to workers of that version, unless this worker adopts (%(adopt)s seconds, NULL: never)
--- and no worker of it heartbeated for that long (see "adoption" below); the claim stamps our version (and
--- returns the one it had), and the first claim fixes the deadline of an execution with a timeout.
+-- SKIP LOCKED lets concurrent workers claim different rows; FOR NO KEY UPDATE (the lock the update takes
+-- anyway) does not skip a row that a result waiter holds FOR KEY SHARE (await_execution_v1). An execution
+-- started by another application version is left to workers of that version, unless this worker adopts
+-- (%(adopt)s seconds, NULL: never) and no worker of it heartbeated for that long (see "adoption" below);
+-- the claim stamps our version (and returns the one it had), and the first claim fixes the deadline of an
+-- execution with a timeout.
 -- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
 -- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
 -- With %(arm)s, a claim that finds nothing (the queue ran dry) also arms this worker's doorbell for the
@@ -103,7 +105,7 @@ WITH clock AS MATERIALIZED (
                                          AND w.heartbeat_at > now() - make_interval(secs => %(adopt)s::float8))))
     ORDER BY priority, seq
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), armed AS (  -- as arm_doorbell: a bell already armed is left alone, unlocked
     UPDATE worker_doorbells SET armed = true
     WHERE queue = %(queue)s AND worker_id = %(owner)s AND NOT armed
@@ -289,25 +291,9 @@ WHERE id = %(id)s;
 SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 
 -- name: await_status
--- The status of an execution about to be waited for, in one round trip; an unfinished one is registered as
--- awaited, so that its completion notifies. A finished one is only read (no lock, nothing written). An
--- unfinished one is locked FOR SHARE, which waits for a completion in flight (then the locked row is its
--- finished version, and nothing is registered) or makes that completion wait for the registration (then it
--- sees it).
-WITH peek AS (
-    SELECT status, output, error FROM workflow_executions WHERE id = %(id)s
-), locked AS (
-    SELECT status, output, error FROM workflow_executions
-    WHERE id = %(id)s AND NOT EXISTS (SELECT FROM peek WHERE status IN ('succeeded', 'failed', 'cancelled'))
-    FOR SHARE
-), registered AS (
-    INSERT INTO awaited_executions (execution_id)
-    SELECT %(id)s FROM locked WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
-    ON CONFLICT DO NOTHING
-)
-SELECT status, output, error FROM locked
-UNION ALL
-SELECT status, output, error FROM peek WHERE NOT EXISTS (SELECT FROM locked);
+-- The status of an execution about to be waited for; an unfinished one is registered as awaited, so that
+-- its completion notifies (see await_execution_v1 for how the two are ordered).
+SELECT status, output, error FROM await_execution_v1(%(id)s);
 
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,

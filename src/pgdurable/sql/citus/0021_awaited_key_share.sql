@@ -1,0 +1,8 @@
+-- The Citus layout, version 21 (recorded in schema_migrations as 10021): nothing changes on the cluster.
+--
+-- The single-node migration of this number makes a result wait's registration lock its execution FOR KEY
+-- SHARE (await_execution_v1), which the claim does not skip, and has the completion trigger wait for it. The
+-- layout's result wait (query await_status of sql/queries/citus/) still reads the row FOR SHARE in one routed
+-- statement, and its completions notify from the coordinator (citus_finished) after routed updates that wait
+-- for that lock; the trigger the migration changed is not installed here. So on the cluster a claim may still
+-- pass over an execution whose waiter is registering; the producer's next claim, a moment later, takes it.
