@@ -544,7 +544,8 @@ def part_c(bench: Bench, args: argparse.Namespace, worker: WorkerProcess, result
     to_seen = sorted(seen_at[r[0]] - r[3] for r in rows)
     print(f"pgdurable   C detail: enqueue call p50 {pct(enqueue_calls, .5) * 1e3:.2f} ms; "
           f"enqueue->claim (db clock) p50 {pct(to_claim, .5) * 1e3:.2f} ms "
-          f"p90 {pct(to_claim, .9) * 1e3:.2f} ms max {to_claim[-1] * 1e3:.1f} ms; "
+          f"p90 {pct(to_claim, .9) * 1e3:.2f} ms p99 {pct(to_claim, .99) * 1e3:.2f} ms max {to_claim[-1] * 1e3:.1f} ms "
+          f"({sum(x > 0.02 for x in to_claim)} over 20 ms); "
           f"claim->completed p50 {pct(to_done, .5) * 1e3:.2f} ms "
           f"p90 {pct(to_done, .9) * 1e3:.2f} ms; completed->result seen p50 {pct(to_seen, .5) * 1e3:.2f} ms",
           flush=True)

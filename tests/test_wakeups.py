@@ -275,7 +275,7 @@ def test_racing_registrations_and_completions_never_lose_a_wake_up(database_url:
 
         completing = threading.Thread(target=complete)
         completing.start()
-        for id_, lag in zip(ids, lags):
+        for id_, lag in zip(ids, lags, strict=True):
             start.wait(WAIT)
             time.sleep(lag)
             row = waiter.execute(_query("await_status"), {"id": id_}).fetchone()
