@@ -1111,7 +1111,8 @@ $$;
 -- there too), because one bad row here would stop its whole queue. Availability, deadlines, the times
 -- stamped and returned are durable time (clock_now(), read once); the lease and the rate window are not.
 -- adopt_after (seconds, NULL: never) lets it take executions of versions with no live worker (adoption),
--- and previous_version says which version each claimed execution had.
+-- and previous_version says which version each claimed execution had. Its walk locks FOR NO KEY UPDATE, as
+-- the plain claim does, so that a result waiter's FOR KEY SHARE does not hide a row from it (version 21).
 CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,
                                      max_claims integer, version text, adopt_after double precision)
 RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean,
