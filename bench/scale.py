@@ -188,7 +188,7 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
     claim = store.claims.claim(queue=JOBS_QUEUE, names=names, owner="bench-claim", lease=3600.0, limit=args.claim_limit,
                                version=app.version, adopt=app.settings.adopt_after_seconds)
     with connect(args.url, args.schema) as conn:
-        wal_before = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+        wal_before = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
         while True:
             t = time.perf_counter()
             got = store.run(conn, claim)
@@ -197,7 +197,7 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
                 break
             claimed += len(got)
         wal_bytes = conn.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn",
-                                 (str(wal_before),)).fetchone()[0]  # type: ignore[index]
+                                 (str(wal_before),)).fetchone()[0]
     assert claimed == j, f"{label}: claimed {claimed} of {j}"
     statement_s.pop()  # the last, empty claim
     execute(args.url, args.schema, "DELETE FROM workflow_executions WHERE id LIKE 'x-%'",
