@@ -11,9 +11,12 @@
      backlog of step-less jobs is claimed (a) by direct claim statements (the worker's own SQL, LIMIT
      --claim-limit) timed from here, (b) under EXPLAIN ANALYZE, rolled back (server time only), and (c)
      drained by one worker process; printed as full/empty ratios (issue #13's target: within 1.1x), with
-     the WAL each claim statement wrote. The history is inserted by one INSERT ... SELECT generate_series
-     (status succeeded, completed_at set, with --history-steps operation_outputs rows each), then VACUUM
-     ANALYZE; each measurement starts after a CHECKPOINT.
+     the WAL each claim statement wrote. The history is written as the engine writes it (--history-layout
+     lived): --history-batch executions at a time enqueued, claimed, given --history-steps checkpoints and
+     completed by the engine's own statements, so each page keeps the free space real executions leave;
+     then VACUUM ANALYZE. Each measurement starts after a CHECKPOINT. --history-layout bulk inserts the
+     finished rows in one INSERT ... SELECT instead: a layout the engine never writes, where every page's
+     tail has room for one new row, so new executions scatter one per page (kept to show that effect).
 
 Each row starts from empty tables (TRUNCATE) except for the history of H. A fresh schema per run, dropped
 at the end, in the benchmark database (created if missing).
@@ -27,9 +30,11 @@ Usage, from the repository root:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -137,23 +142,58 @@ FROM generate_series(1, %(n)s) AS g, generate_series(0, %(steps)s - 1) AS s
 """
 
 
-def insert_history(args: argparse.Namespace) -> None:
+def insert_history(args: argparse.Namespace, app: Any) -> None:
     n, steps = args.history, args.history_steps
     name = {0: "job", 1: "job_one_step"}.get(steps, "many_steps")
     t = time.perf_counter()
     with connect(args.url, args.schema) as conn:
-        conn.execute(HISTORY_SQL, {"n": n, "name": name, "queue": JOBS_QUEUE})
-        if steps:
-            conn.execute(HISTORY_STEPS_SQL, {"n": n, "steps": steps})
+        if args.history_layout == "bulk":
+            conn.execute(HISTORY_SQL, {"n": n, "name": name, "queue": JOBS_QUEUE})
+            if steps:
+                conn.execute(HISTORY_STEPS_SQL, {"n": n, "steps": steps})
+        else:
+            lived_history(conn, app, args, name)
     inserted = time.perf_counter() - t
     execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions", "VACUUM ANALYZE operation_outputs")
     with connect(args.url, args.schema) as conn:
         row = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('workflow_executions')),"
                            "       pg_size_pretty(pg_total_relation_size('operation_outputs'))").fetchone()
     assert row is not None
-    print(f"pgdurable   H history: {n} finished executions ({name}, {steps} step rows each) inserted in "
-          f"{inserted:.1f} s, vacuumed in {time.perf_counter() - t - inserted:.1f} s; workflow_executions "
+    print(f"pgdurable   H history ({args.history_layout}): {n} finished executions ({name}, {steps} step rows each) "
+          f"written in {inserted:.1f} s, vacuumed in {time.perf_counter() - t - inserted:.1f} s; workflow_executions "
           f"{row[0]}, operation_outputs {row[1]} with indexes", flush=True)
+
+
+def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> None:
+    """The history as the engine writes it, --history-batch executions at a time: enqueued by the insert
+    every enqueue uses, claimed by the worker's claim, each step checkpointed and the execution completed by
+    the worker's group-commit statements. Each row so has the versions (and, once vacuumed, the free space)
+    a real execution leaves behind on its page. The completion trigger is off (session_replication_role):
+    nobody listens, and it does not move rows.
+
+    Vacuum runs when the table's own autovacuum settings (the schema's: 1000 dead rows + 1% of the table)
+    would start it, whether or not autovacuum is on in this server (CI's configuration turns it off)."""
+    conn.execute("SET session_replication_role = replica")
+    names, batch = app.registry.names(), args.history_batch
+    dead = 0
+    for lo in range(0, args.history, batch):
+        if dead > 1000 + 0.01 * lo:
+            conn.execute("VACUUM ANALYZE workflow_executions")
+            dead = 0
+        dead += 2 * batch  # the claim's and the completion's old versions
+        ids = [f"hist-{g}" for g in range(lo, min(lo + batch, args.history))]
+        rows = json.dumps([{"id": i, "input": {"i": g}} for g, i in enumerate(ids, lo)])
+        store.run(conn, store.executions.enqueue_many(rows=rows, name=name, queue=JOBS_QUEUE, priority=0,
+                                                      max_recoveries=5, delay=0.0))
+        claimed = store.run(conn, store.claims.claim(queue=JOBS_QUEUE, names=names, owner="bench-history",
+                                                     lease=3600.0, limit=len(ids), version=app.version))
+        assert len(claimed) == len(ids), f"history: claimed {len(claimed)} of {len(ids)}"
+        started = datetime.now(UTC).isoformat()
+        for step in range(args.history_steps):
+            store.run(conn, store.checkpoints.write_steps(json.dumps(
+                [[c.id, c.attempt, step, "add_one", 1, started, step + 1, None] for c in claimed])))
+        store.run(conn, store.checkpoints.write_completions(json.dumps(
+            [[c.id, c.attempt, "succeeded", int(c.id[5:]), None] for c in claimed])))
 
 
 def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[str, float]:
@@ -234,7 +274,7 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
 def part_history(bench: Bench, args: argparse.Namespace, results: Results) -> list[tuple[str, ...]]:
     execute(args.url, args.schema, RESET)
     empty = claim_figures(bench, args, "empty table")
-    insert_history(args)
+    insert_history(args, bench.app)
     full = claim_figures(bench, args, f"{args.history} finished executions")
     ratio = {key: full[key] / empty[key] for key in ("claim_ms", "server_ms")}
     ratio["drain"] = empty["drain_per_s"] / full["drain_per_s"]
@@ -289,6 +329,12 @@ def main() -> int:
                         help="finished executions in the table for H (default 1000000)")
     parser.add_argument("--history-steps", type=int, default=1,
                         help="operation_outputs rows per finished execution (default 1)")
+    parser.add_argument("--history-layout", choices=("lived", "bulk"), default="lived",
+                        help="lived (default): written batch by batch by the engine's own enqueue, claim, "
+                             "checkpoint and completion statements; bulk: one INSERT of finished rows (a "
+                             "layout the engine never writes: every page's tail fits a new row)")
+    parser.add_argument("--history-batch", type=int, default=100,
+                        help="executions per enqueue/claim/complete round of the lived history (default 100)")
     parser.add_argument("--claim-jobs", type=int, default=20_000, help="backlog claimed in H (default 20000)")
     parser.add_argument("--claim-limit", type=int, default=16, help="LIMIT of the timed claims (default 16)")
     parser.add_argument("--explains", type=int, default=25,
