@@ -11,9 +11,14 @@ import psycopg
 from psycopg import errors
 
 
+class _FakeResult:
+    nfields = 1
+
+
 class FakeCursor:
     def __init__(self, rows: list[tuple[Any, ...]] | None) -> None:
-        self.description = None if rows is None else [("column",)]
+        # What store.run reads of the result: whether it has rows to fetch.
+        self.pgresult = None if rows is None else _FakeResult()
         self._rows = rows or []
 
     def fetchall(self) -> list[tuple[Any, ...]]:
@@ -100,7 +105,7 @@ class FakeDatabase:
 
 
 class FakeConnection:
-    """Just what ``store.run`` and the batcher use: execute -> cursor (description, fetchall), transaction."""
+    """Just what ``store.run`` and the batcher use: execute -> cursor (pgresult, fetchall), transaction."""
 
     closed = False
 
