@@ -139,7 +139,11 @@ CREATE TABLE workflow_executions (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_threshold = 1000,
     autovacuum_analyze_scale_factor = 0.02,
-    autovacuum_vacuum_cost_delay = 1
+    autovacuum_vacuum_cost_delay = 1,
+    -- Vacuums always clean the indexes too (PostgreSQL 14+ skips that when few pages hold dead rows, as on a
+    -- long history): a claimed execution's dead entry in the claim index lies ahead of all the queued work,
+    -- where no insert cleans it up, and every claim steps over it until a vacuum's index pass removes it.
+    vacuum_index_cleanup = on
 );
 
 -- The claim path: the most urgent, then oldest, enqueued executions of a queue. Partial, so finished and

@@ -1,0 +1,4 @@
+-- The Citus layout, version 22 (recorded in schema_migrations as 10022): nothing more to do on the cluster.
+--
+-- The single-node migration of this number sets vacuum_index_cleanup on workflow_executions; Citus carries a
+-- distributed table's storage parameters to its shards, where the vacuums run.
