@@ -17,13 +17,17 @@
      then VACUUM ANALYZE. Each measurement starts after a CHECKPOINT. --history-layout bulk inserts the
      finished rows in one INSERT ... SELECT instead: a layout the engine never writes, where every page's
      tail has room for one new row, so new executions scatter one per page (kept to show that effect).
+     The lived history and the jobs carry the ids the engine chooses (--ids engine: time-ordered UUIDv7s,
+     pgdurable.ids); --ids random gives them UUIDv4s, the engine's ids before migration 23, whose primary-key
+     entries land on random pages of the history.
 
 Each row starts from empty tables (TRUNCATE) except for the history of H. A fresh schema per run, dropped
 at the end, in the benchmark database (created if missing).
 
 Usage, from the repository root:
     .venv/bin/python bench/scale.py [-n N] [-c C] [--workers 1,2,4] [--concurrencies 10,100,1000]
-        [--kind sync|async] [--parts WKH] [--history H] [--claim-jobs J] [--url URL] [--results FILE]
+        [--kind sync|async] [--parts WKH] [--history H] [--ids engine|random] [--claim-jobs J] [--url URL]
+        [--results FILE]
     env: PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench)
 """
 
@@ -34,6 +38,8 @@ import json
 import statistics
 import sys
 import time
+import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,9 +66,35 @@ from bench.throughput import (
     step_count,
 )
 from pgdurable import store
+from pgdurable.ids import new_execution_id
 from pgdurable.sqlfiles import query as named_query
 
 RESET = "TRUNCATE workflow_executions, operation_outputs, workers"
+
+
+def make_ids(args: argparse.Namespace, n: int) -> list[str]:
+    """n execution ids of the kind --ids names: the engine's own (UUIDv7) or random UUIDv4s."""
+    if args.ids == "random":
+        return [str(uuid.uuid4()) for _ in range(n)]
+    return [new_execution_id() for _ in range(n)]
+
+
+def drain_span_of(args: argparse.Namespace, ids: Sequence[str]) -> tuple[float, int, int]:
+    """(seconds from the first claim to the last completion, executions succeeded, executions in all) of
+    these executions, from the database's own timestamps."""
+    with connect(args.url, args.schema) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM min(started_at))::float8, extract(epoch FROM max(completed_at))::float8,"
+            "       count(*) FILTER (WHERE status = 'succeeded'), count(*)"
+            " FROM workflow_executions WHERE id = ANY (%s)", (list(ids),)).fetchone()
+    assert row is not None
+    return float(row[1] - row[0]), int(row[2]), int(row[3])
+
+
+def delete_executions(args: argparse.Namespace, ids: Sequence[str]) -> None:
+    with connect(args.url, args.schema) as conn:
+        conn.execute("DELETE FROM workflow_executions WHERE id = ANY (%s)", (list(ids),))
+        conn.execute("VACUUM ANALYZE workflow_executions")
 
 
 def drain_row(bench: Bench, args: argparse.Namespace, workers: int, concurrency: int, kind: str,
@@ -159,9 +191,10 @@ def insert_history(args: argparse.Namespace, app: Any) -> None:
         row = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('workflow_executions')),"
                            "       pg_size_pretty(pg_total_relation_size('operation_outputs'))").fetchone()
     assert row is not None
-    print(f"pgdurable   H history ({args.history_layout}): {n} finished executions ({name}, {steps} step rows each) "
-          f"written in {inserted:.1f} s, vacuumed in {time.perf_counter() - t - inserted:.1f} s; workflow_executions "
-          f"{row[0]}, operation_outputs {row[1]} with indexes", flush=True)
+    ids = "" if args.history_layout == "bulk" else f", {args.ids} ids"
+    print(f"pgdurable   H history ({args.history_layout}{ids}): {n} finished executions ({name}, {steps} step rows "
+          f"each) written in {inserted:.1f} s, vacuumed in {time.perf_counter() - t - inserted:.1f} s; "
+          f"workflow_executions {row[0]}, operation_outputs {row[1]} with indexes", flush=True)
 
 
 def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> None:
@@ -181,7 +214,7 @@ def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> N
             conn.execute("VACUUM ANALYZE workflow_executions")
             dead = 0
         dead += 2 * batch  # the claim's and the completion's old versions
-        ids = [f"hist-{g}" for g in range(lo, min(lo + batch, args.history))]
+        ids = make_ids(args, min(lo + batch, args.history) - lo)
         rows = json.dumps([{"id": i, "input": {"i": g}} for g, i in enumerate(ids, lo)])
         store.run(conn, store.executions.enqueue_many(rows=rows, name=name, queue=JOBS_QUEUE, priority=0,
                                                       max_recoveries=5, delay=0.0))
@@ -193,7 +226,7 @@ def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> N
             store.run(conn, store.checkpoints.write_steps(json.dumps(
                 [[c.id, c.attempt, step, "add_one", 1, started, step + 1, None] for c in claimed])))
         store.run(conn, store.checkpoints.write_completions(json.dumps(
-            [[c.id, c.attempt, "succeeded", int(c.id[5:]), None] for c in claimed])))
+            [[c.id, c.attempt, "succeeded", c.attempt, None] for c in claimed])))
 
 
 def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[str, float]:
@@ -204,7 +237,8 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
               "limit": args.claim_limit, "version": app.version, "adopt": app.settings.adopt_after_seconds,
               "arm": False}
     # (a) and (b): a backlog claimed from here by the worker's own claim statement.
-    enqueue_chunks(app, flow, [(i,) for i in range(j)], [f"x-{i}" for i in range(j)], 10_000)
+    claim_ids = make_ids(args, j)
+    enqueue_chunks(app, flow, [(i,) for i in range(j)], claim_ids, 10_000)
     # A checkpoint first: right after the history's gigabytes were written, the checkpointer is still
     # flushing them, and every commit measured would wait behind its writes.
     execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions", "CHECKPOINT")
@@ -240,10 +274,10 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
                                  (str(wal_before),)).fetchone()[0]
     assert claimed == j, f"{label}: claimed {claimed} of {j}"
     statement_s.pop()  # the last, empty claim
-    execute(args.url, args.schema, "DELETE FROM workflow_executions WHERE id LIKE 'x-%'",
-            "VACUUM ANALYZE workflow_executions")
+    delete_executions(args, claim_ids)
     # (c): the same backlog drained by a worker process.
-    enqueue_chunks(app, flow, [(i,) for i in range(j)], [f"y-{i}" for i in range(j)], 10_000)
+    drain_ids = make_ids(args, j)
+    enqueue_chunks(app, flow, [(i,) for i in range(j)], drain_ids, 10_000)
     execute(args.url, args.schema, "ANALYZE workflow_executions", "CHECKPOINT")
     pending = Pending(args.url, args.schema)
     worker = WorkerProcess(args.url, args.schema, JOBS_QUEUE, args.concurrency)
@@ -252,10 +286,9 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
     finally:
         worker.stop()
         pending.close()
-    drain, done, total = drain_span(args.url, args.schema, "y-%")
+    drain, done, total = drain_span_of(args, drain_ids)
     assert done == total == j, f"{label}: drained {done} of {j}"
-    execute(args.url, args.schema, "DELETE FROM workflow_executions WHERE id LIKE 'y-%'",
-            "VACUUM ANALYZE workflow_executions")
+    delete_executions(args, drain_ids)
     statement_s.sort()
     server_ms.sort()
     figures = {"claim_ms": statistics.fmean(statement_s) * 1e3, "claim_p50_ms": pct(statement_s, .5) * 1e3,
@@ -335,6 +368,9 @@ def main() -> int:
                              "layout the engine never writes: every page's tail fits a new row)")
     parser.add_argument("--history-batch", type=int, default=100,
                         help="executions per enqueue/claim/complete round of the lived history (default 100)")
+    parser.add_argument("--ids", choices=("engine", "random"), default="engine",
+                        help="ids of H's lived history and jobs: engine (default; the engine's time-ordered "
+                             "UUIDv7s) or random (UUIDv4s, the engine's ids before migration 23)")
     parser.add_argument("--claim-jobs", type=int, default=20_000, help="backlog claimed in H (default 20000)")
     parser.add_argument("--claim-limit", type=int, default=16, help="LIMIT of the timed claims (default 16)")
     parser.add_argument("--explains", type=int, default=25,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from .connections import async_driver_connection, sync_driver_connection
 from .context import ExecutionContext, current
 from .db import CallPlan
 from .errors import DuplicateWorkflow, SerializationError, WorkflowIdConflict, WorkflowNotFound
+from .ids import new_execution_id
 from .runtime import Runtime
 from .serialization import storage_problem, utf8_size
 from .workflows import Workflow
@@ -65,7 +65,7 @@ class Request:
                              "its execution's id and start")
         self.runtime, self.hint, self.on_duplicate = runtime, hint, on_duplicate
         self.call = store.executions.enqueue(
-            id=workflow_id or str(uuid.uuid4()), name=name, queue=queue or default_queue,
+            id=workflow_id or new_execution_id(), name=name, queue=queue or default_queue,
             priority=default_priority if priority is None else priority, input=input_text,
             max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
             delay=limits.delay_seconds(delay),
@@ -181,7 +181,7 @@ class Bulk:
         check_options(queue=queue, priority=priority)
         tags_json = tags_text(tags)
         bound = [definition.bind(*_split(item)) for item in arguments]
-        ids = list(workflow_ids) if workflow_ids is not None else [str(uuid.uuid4()) for _ in bound]
+        ids = list(workflow_ids) if workflow_ids is not None else [new_execution_id() for _ in bound]
         if len(ids) != len(bound):
             raise ValueError(f"{len(ids)} workflow_ids for {len(bound)} argument sets")
         if len(set(ids)) != len(ids):
@@ -275,7 +275,7 @@ class Fork:
         if new_workflow_id is not None:
             limits.workflow_id(new_workflow_id)
         self.runtime, self.source, self.from_step = runtime, workflow_id, from_step
-        self.call = store.executions.fork(source=workflow_id, id=new_workflow_id or str(uuid.uuid4()),
+        self.call = store.executions.fork(source=workflow_id, id=new_workflow_id or new_execution_id(),
                                           from_step=from_step)
 
     def handle(self, forked: store.executions.Forked) -> WorkflowHandle[Any]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from typing import Any
 
 from . import store
 from .client import WorkflowHandle
 from .enqueue import check_options, tags_text
 from .errors import WorkflowIdConflict
+from .ids import new_execution_id
 from .runtime import Runtime
 from .worker import Worker
 from .workflows import Workflow
@@ -54,7 +54,7 @@ class Start:
         self.runtime, self.local, self.definition = runtime, local, definition
         self.trace = runtime.trace()
         self.call = store.claims.start_owned(
-            id=workflow_id or str(uuid.uuid4()), name=definition.name, queue=definition.queue,
+            id=workflow_id or new_execution_id(), name=definition.name, queue=definition.queue,
             priority=definition.priority if priority is None else priority, input=input_text,
             max_recoveries=runtime.settings.max_recoveries if max_recoveries is None else max_recoveries,
             owner=local.worker.id, lease=runtime.settings.lease_seconds,

@@ -811,6 +811,24 @@ CREATE TYPE execution_spec_v1 AS (
 
 -- == The SQL API (any language, inside the caller's transaction) =======================================
 
+-- The id of a new execution when its creator gives none: a UUIDv7 (RFC 9562) as text, whose first 48 bits
+-- are the Unix time in milliseconds (the wall clock's: this is no durable time, only an order). New
+-- executions so land together on the right edge of the primary key (and of operation_outputs's), not on
+-- random pages of a long history (see src/pgdurable/ids.py, which makes the same ids in Python).
+CREATE FUNCTION new_execution_id() RETURNS text
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT encode(set_byte(overlay(r PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                                                          FROM 3)
+                                     FROM 1 FOR 6),
+                             6, get_byte(r, 6) & 15 | 112),  -- the version nibble: 7
+                  'hex')::uuid::text
+    FROM (SELECT uuid_send(gen_random_uuid()) AS r) AS random_v4  -- its variant bits are already RFC 9562's
+$$;
+REVOKE ALL ON FUNCTION new_execution_id() FROM PUBLIC;
+
 -- Enqueue a workflow inside the caller's transaction: it exists if and only if that transaction commits,
 -- and workers are woken (NOTIFY) at commit. A given workflow_id is an idempotency key: enqueuing it again
 -- returns the same id. Arguments go by name in a JSON object: '{"order_id": 42}'. A delayed start waits
@@ -843,7 +861,7 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_variable
 DECLARE
-    new_id text := coalesce(workflow_id, gen_random_uuid()::text);
+    new_id text := coalesce(workflow_id, new_execution_id());
     owner_name text;
     duplicate_id text;
     ten_years constant interval := make_interval(secs => 315360000);

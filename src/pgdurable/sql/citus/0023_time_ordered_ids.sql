@@ -1,0 +1,5 @@
+-- The Citus layout, version 23 (recorded in schema_migrations as 10023): nothing more to do on the cluster.
+--
+-- The single-node migration of this number adds new_execution_id() and makes enqueue_workflow's default id
+-- a UUIDv7; Citus propagates both functions to the worker nodes. The layout places an execution by the hash
+-- of its bucket, not by the order of its id, so the shards still share the work evenly.
