@@ -11,7 +11,9 @@
      backlog of step-less jobs is claimed (a) by direct claim statements (the worker's own SQL, LIMIT
      --claim-limit) timed from here, (b) under EXPLAIN ANALYZE, rolled back (server time only), and (c)
      drained by one worker process; printed as full/empty ratios (issue #13's target: within 1.1x), with
-     the WAL each claim statement wrote. The history is written as the engine writes it (--history-layout
+     the WAL each claim statement wrote. The empty table is a second schema, and the cases take turns for
+     --rounds rounds (medians printed), so that a machine's drift over the run (several minutes, often
+     tens of percent here) weighs on every case alike. The history is written as the engine writes it (--history-layout
      lived): --history-batch executions at a time enqueued, claimed, given --history-steps checkpoints and
      completed by the engine's own statements, so each page keeps the free space real executions leave;
      then VACUUM ANALYZE. Each measurement starts after a CHECKPOINT. --history-layout bulk inserts the
@@ -19,14 +21,15 @@
      tail has room for one new row, so new executions scatter one per page (kept to show that effect).
      The lived history and the jobs carry the ids the engine chooses (--ids engine: time-ordered UUIDv7s,
      pgdurable.ids); --ids random gives them UUIDv4s, the engine's ids before migration 23, whose primary-key
-     entries land on random pages of the history.
+     entries land on random pages of the history; --ids engine,random builds one history of each, in a
+     schema each, and measures them in the same rounds.
 
 Each row starts from empty tables (TRUNCATE) except for the history of H. A fresh schema per run, dropped
 at the end, in the benchmark database (created if missing).
 
 Usage, from the repository root:
     .venv/bin/python bench/scale.py [-n N] [-c C] [--workers 1,2,4] [--concurrencies 10,100,1000]
-        [--kind sync|async] [--parts WKH] [--history H] [--ids engine|random] [--claim-jobs J] [--url URL]
+        [--kind sync|async] [--parts WKH] [--history H] [--ids engine,random] [--rounds R] [--claim-jobs J] [--url URL]
         [--results FILE]
     env: PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench)
 """
@@ -40,6 +43,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,7 @@ from bench.throughput import (
     Results,
     WorkerProcess,
     add_common_arguments,
+    build,
     connect,
     drain_span,
     drop_schema,
@@ -72,17 +77,17 @@ from pgdurable.sqlfiles import query as named_query
 RESET = "TRUNCATE workflow_executions, operation_outputs, workers"
 
 
-def make_ids(args: argparse.Namespace, n: int) -> list[str]:
-    """n execution ids of the kind --ids names: the engine's own (UUIDv7) or random UUIDv4s."""
-    if args.ids == "random":
+def make_ids(kind: str, n: int) -> list[str]:
+    """n execution ids of a kind of --ids: the engine's own (UUIDv7) or random UUIDv4s."""
+    if kind == "random":
         return [str(uuid.uuid4()) for _ in range(n)]
     return [new_execution_id() for _ in range(n)]
 
 
-def drain_span_of(args: argparse.Namespace, ids: Sequence[str]) -> tuple[float, int, int]:
+def drain_span_of(url: str, schema: str, ids: Sequence[str]) -> tuple[float, int, int]:
     """(seconds from the first claim to the last completion, executions succeeded, executions in all) of
     these executions, from the database's own timestamps."""
-    with connect(args.url, args.schema) as conn:
+    with connect(url, schema) as conn:
         row = conn.execute(
             "SELECT extract(epoch FROM min(started_at))::float8, extract(epoch FROM max(completed_at))::float8,"
             "       count(*) FILTER (WHERE status = 'succeeded'), count(*)"
@@ -91,8 +96,8 @@ def drain_span_of(args: argparse.Namespace, ids: Sequence[str]) -> tuple[float, 
     return float(row[1] - row[0]), int(row[2]), int(row[3])
 
 
-def delete_executions(args: argparse.Namespace, ids: Sequence[str]) -> None:
-    with connect(args.url, args.schema) as conn:
+def delete_executions(url: str, schema: str, ids: Sequence[str]) -> None:
+    with connect(url, schema) as conn:
         conn.execute("DELETE FROM workflow_executions WHERE id = ANY (%s)", (list(ids),))
         conn.execute("VACUUM ANALYZE workflow_executions")
 
@@ -174,30 +179,39 @@ FROM generate_series(1, %(n)s) AS g, generate_series(0, %(steps)s - 1) AS s
 """
 
 
-def insert_history(args: argparse.Namespace, app: Any) -> None:
-    n, steps = args.history, args.history_steps
+@dataclass
+class Case:
+    """One table measured in part H: its schema, the App on it, and the kind of ids its jobs get."""
+    label: str
+    schema: str
+    bench: Bench
+    ids: str
+
+
+def insert_history(args: argparse.Namespace, case: Case) -> None:
+    n, steps, schema = args.history, args.history_steps, case.schema
     name = {0: "job", 1: "job_one_step"}.get(steps, "many_steps")
     t = time.perf_counter()
-    with connect(args.url, args.schema) as conn:
+    with connect(args.url, schema) as conn:
         if args.history_layout == "bulk":
             conn.execute(HISTORY_SQL, {"n": n, "name": name, "queue": JOBS_QUEUE})
             if steps:
                 conn.execute(HISTORY_STEPS_SQL, {"n": n, "steps": steps})
         else:
-            lived_history(conn, app, args, name)
+            lived_history(conn, case, args, name)
     inserted = time.perf_counter() - t
-    execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions", "VACUUM ANALYZE operation_outputs")
-    with connect(args.url, args.schema) as conn:
+    execute(args.url, schema, "VACUUM ANALYZE workflow_executions", "VACUUM ANALYZE operation_outputs")
+    with connect(args.url, schema) as conn:
         row = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('workflow_executions')),"
                            "       pg_size_pretty(pg_total_relation_size('operation_outputs'))").fetchone()
     assert row is not None
-    ids = "" if args.history_layout == "bulk" else f", {args.ids} ids"
+    ids = "" if args.history_layout == "bulk" else f", {case.ids} ids"
     print(f"pgdurable   H history ({args.history_layout}{ids}): {n} finished executions ({name}, {steps} step rows "
           f"each) written in {inserted:.1f} s, vacuumed in {time.perf_counter() - t - inserted:.1f} s; "
           f"workflow_executions {row[0]}, operation_outputs {row[1]} with indexes", flush=True)
 
 
-def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> None:
+def lived_history(conn: Any, case: Case, args: argparse.Namespace, name: str) -> None:
     """The history as the engine writes it, --history-batch executions at a time: enqueued by the insert
     every enqueue uses, claimed by the worker's claim, each step checkpointed and the execution completed by
     the worker's group-commit statements. Each row so has the versions (and, once vacuumed, the free space)
@@ -207,6 +221,7 @@ def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> N
     Vacuum runs when the table's own autovacuum settings (the schema's: 1000 dead rows + 1% of the table)
     would start it, whether or not autovacuum is on in this server (CI's configuration turns it off)."""
     conn.execute("SET session_replication_role = replica")
+    app = case.bench.app
     names, batch = app.registry.names(), args.history_batch
     dead = 0
     for lo in range(0, args.history, batch):
@@ -214,7 +229,7 @@ def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> N
             conn.execute("VACUUM ANALYZE workflow_executions")
             dead = 0
         dead += 2 * batch  # the claim's and the completion's old versions
-        ids = make_ids(args, min(lo + batch, args.history) - lo)
+        ids = make_ids(case.ids, min(lo + batch, args.history) - lo)
         rows = json.dumps([{"id": i, "input": {"i": g}} for g, i in enumerate(ids, lo)])
         store.run(conn, store.executions.enqueue_many(rows=rows, name=name, queue=JOBS_QUEUE, priority=0,
                                                       max_recoveries=5, delay=0.0))
@@ -229,21 +244,22 @@ def lived_history(conn: Any, app: Any, args: argparse.Namespace, name: str) -> N
             [[c.id, c.attempt, "succeeded", c.attempt, None] for c in claimed])))
 
 
-def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[str, float]:
-    """The three claim measurements on whatever history the table holds now."""
-    app, flow, j = bench.app, bench.flows["sync"]["job"], args.claim_jobs
+def claim_figures(case: Case, args: argparse.Namespace) -> dict[str, float]:
+    """The three claim measurements on whatever history the case's table holds now."""
+    app, flow, j = case.bench.app, case.bench.flows["sync"]["job"], args.claim_jobs
+    url, schema, label = args.url, case.schema, case.label
     names = app.registry.names()
     params = {"queue": JOBS_QUEUE, "names": names, "owner": "bench-claim", "lease": 3600.0,
               "limit": args.claim_limit, "version": app.version, "adopt": app.settings.adopt_after_seconds,
               "arm": False}
     # (a) and (b): a backlog claimed from here by the worker's own claim statement.
-    claim_ids = make_ids(args, j)
+    claim_ids = make_ids(case.ids, j)
     enqueue_chunks(app, flow, [(i,) for i in range(j)], claim_ids, 10_000)
     # A checkpoint first: right after the history's gigabytes were written, the checkpointer is still
     # flushing them, and every commit measured would wait behind its writes.
-    execute(args.url, args.schema, "VACUUM ANALYZE workflow_executions", "CHECKPOINT")
+    execute(url, schema, "VACUUM ANALYZE workflow_executions", "CHECKPOINT")
     server_ms, planning_ms, buffers = [], [], 0
-    with connect(args.url, args.schema) as conn:
+    with connect(url, schema) as conn:
         for attempt in range(args.explains + 1):
             with conn.transaction(force_rollback=True):
                 row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + named_query("claim"),
@@ -256,12 +272,12 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
             planning_ms.append(float(plan["Planning Time"]))
             top = plan["Plan"]
             buffers = int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
-    execute(args.url, args.schema, "VACUUM workflow_executions")  # the rolled-back claims' dead versions
+    execute(url, schema, "VACUUM workflow_executions")  # the rolled-back claims' dead versions
     statement_s = []
     claimed = 0
     claim = store.claims.claim(queue=JOBS_QUEUE, names=names, owner="bench-claim", lease=3600.0, limit=args.claim_limit,
                                version=app.version, adopt=app.settings.adopt_after_seconds)
-    with connect(args.url, args.schema) as conn:
+    with connect(url, schema) as conn:
         wal_before = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
         while True:
             t = time.perf_counter()
@@ -274,21 +290,21 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
                                  (str(wal_before),)).fetchone()[0]
     assert claimed == j, f"{label}: claimed {claimed} of {j}"
     statement_s.pop()  # the last, empty claim
-    delete_executions(args, claim_ids)
+    delete_executions(url, schema, claim_ids)
     # (c): the same backlog drained by a worker process.
-    drain_ids = make_ids(args, j)
+    drain_ids = make_ids(case.ids, j)
     enqueue_chunks(app, flow, [(i,) for i in range(j)], drain_ids, 10_000)
-    execute(args.url, args.schema, "ANALYZE workflow_executions", "CHECKPOINT")
-    pending = Pending(args.url, args.schema)
-    worker = WorkerProcess(args.url, args.schema, JOBS_QUEUE, args.concurrency)
+    execute(url, schema, "ANALYZE workflow_executions", "CHECKPOINT")
+    pending = Pending(url, schema)
+    worker = WorkerProcess(url, schema, JOBS_QUEUE, args.concurrency)
     try:
         pending.wait_empty(JOBS_QUEUE, [worker])
     finally:
         worker.stop()
         pending.close()
-    drain, done, total = drain_span_of(args, drain_ids)
+    drain, done, total = drain_span_of(url, schema, drain_ids)
     assert done == total == j, f"{label}: drained {done} of {j}"
-    delete_executions(args, drain_ids)
+    delete_executions(url, schema, drain_ids)
     statement_s.sort()
     server_ms.sort()
     figures = {"claim_ms": statistics.fmean(statement_s) * 1e3, "claim_p50_ms": pct(statement_s, .5) * 1e3,
@@ -305,38 +321,67 @@ def claim_figures(bench: Bench, args: argparse.Namespace, label: str) -> dict[st
 
 
 def part_history(bench: Bench, args: argparse.Namespace, results: Results) -> list[tuple[str, ...]]:
+    """The empty table and one history per kind of ids, measured in turns; medians over the rounds."""
     execute(args.url, args.schema, RESET)
-    empty = claim_figures(bench, args, "empty table")
-    insert_history(args, bench.app)
-    full = claim_figures(bench, args, f"{args.history} finished executions")
-    ratio = {key: full[key] / empty[key] for key in ("claim_ms", "server_ms")}
-    ratio["drain"] = empty["drain_per_s"] / full["drain_per_s"]
-    verdict = "within" if max(ratio.values()) <= 1.1 else "NOT within"
-    print(f"pgdurable claim cost ratio, {args.history} finished vs empty: claim statement {ratio['claim_ms']:.2f}x, "
-          f"server time {ratio['server_ms']:.2f}x, drain time {ratio['drain']:.2f}x ({verdict} the 1.1x target)",
-          flush=True)
-    for key, value in ratio.items():
-        results[f"scale.claim_ratio.{key}"] = value
-    results["scale.claim.history"] = args.history
-    results["scale.claim.empty_claim_ms"] = empty["claim_ms"]
-    results["scale.claim.full_claim_ms"] = full["claim_ms"]
-    results["scale.claim.empty_drain_per_s"] = empty["drain_per_s"]
-    results["scale.claim.full_drain_per_s"] = full["drain_per_s"]
-    return [
-        ("claim statement (ms)", f"{empty['claim_ms']:.3f}", f"{full['claim_ms']:.3f}", f"{ratio['claim_ms']:.2f}x"),
-        ("claim server time (ms)", f"{empty['server_ms']:.3f}", f"{full['server_ms']:.3f}",
-         f"{ratio['server_ms']:.2f}x"),
-        ("drain of the jobs (jobs/s)", f"{empty['drain_per_s']:.0f}", f"{full['drain_per_s']:.0f}",
-         f"{ratio['drain']:.2f}x"),
-        ("WAL per claim statement (bytes)", f"{empty['wal_per_claim']:.0f}", f"{full['wal_per_claim']:.0f}",
-         f"{full['wal_per_claim'] / empty['wal_per_claim']:.2f}x"),
-    ]
+    cases = [Case("empty table", f"{args.schema}_empty", twin(args, f"{args.schema}_empty"), args.ids[0])]
+    for i, kind in enumerate(args.ids):
+        schema = args.schema if i == 0 else f"{args.schema}_{kind}"
+        case = Case(f"{args.history} finished, {kind} ids", schema, bench if i == 0 else twin(args, schema), kind)
+        insert_history(args, case)
+        cases.append(case)
+    runs: dict[str, list[dict[str, float]]] = {case.label: [] for case in cases}
+    for r in range(args.rounds):
+        for case in cases[r % len(cases):] + cases[:r % len(cases)]:  # each round starts with another case
+            runs[case.label].append(claim_figures(case, args))
+    median = {label: {key: statistics.median(run[key] for run in figures) for key in figures[0]}
+              for label, figures in runs.items()}
+    empty = median[cases[0].label]
+    rows = [("claim statement (ms)", "claim_ms", ".3f"), ("claim server time (ms)", "server_ms", ".3f"),
+            ("drain of the jobs (jobs/s)", "drain_per_s", ".0f"),
+            ("WAL per claim statement (bytes)", "wal_per_claim", ".0f")]
+    table_rows = [[title, format(empty[key], spec)] for title, key, spec in rows]
+    for case in cases[1:]:
+        full = median[case.label]
+        ratio = {"claim_ms": full["claim_ms"] / empty["claim_ms"], "server_ms": full["server_ms"] / empty["server_ms"],
+                 "drain": empty["drain_per_s"] / full["drain_per_s"]}
+        verdict = "within" if max(ratio.values()) <= 1.1 else "NOT within"
+        print(f"pgdurable claim cost ratio, {case.label} vs empty (medians of {args.rounds} rounds): claim statement "
+              f"{ratio['claim_ms']:.2f}x, server time {ratio['server_ms']:.2f}x, drain time {ratio['drain']:.2f}x "
+              f"({verdict} the 1.1x target), WAL per claim {full['wal_per_claim'] / empty['wal_per_claim']:.2f}x",
+              flush=True)
+        if case is cases[1]:
+            for key, value in ratio.items():
+                results[f"scale.claim_ratio.{key}"] = value
+            results["scale.claim.history"] = args.history
+            results["scale.claim.empty_claim_ms"] = empty["claim_ms"]
+            results["scale.claim.full_claim_ms"] = full["claim_ms"]
+            results["scale.claim.empty_drain_per_s"] = empty["drain_per_s"]
+            results["scale.claim.full_drain_per_s"] = full["drain_per_s"]
+        for row, (_, key, spec) in zip(table_rows, rows, strict=True):
+            slower = empty[key] / full[key] if key == "drain_per_s" else full[key] / empty[key]
+            row += [format(full[key], spec), f"{slower:.2f}x"]
+    args.history_columns = [column for case in cases[1:] for column in (case.label, "ratio")]
+    return [tuple(row) for row in table_rows]
 
+
+def twin(args: argparse.Namespace, schema: str) -> Bench:
+    """Another schema of the benchmark database with the same App, migrated (dropped with the main one)."""
+    args.twins.append(schema)
+    made = build(args.url, schema)
+    made.app.migrate()
+    return made
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def id_kinds(text: str) -> list[str]:
+    kinds = text.split(",")
+    if not kinds or any(kind not in ("engine", "random") for kind in kinds) or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError("--ids takes engine, random, or both separated by a comma")
+    return kinds
 
 
 def integers(text: str) -> list[int]:
@@ -368,9 +413,12 @@ def main() -> int:
                              "layout the engine never writes: every page's tail fits a new row)")
     parser.add_argument("--history-batch", type=int, default=100,
                         help="executions per enqueue/claim/complete round of the lived history (default 100)")
-    parser.add_argument("--ids", choices=("engine", "random"), default="engine",
+    parser.add_argument("--ids", type=id_kinds, default=["engine"],
                         help="ids of H's lived history and jobs: engine (default; the engine's time-ordered "
-                             "UUIDv7s) or random (UUIDv4s, the engine's ids before migration 23)")
+                             "UUIDv7s), random (UUIDv4s, the engine's ids before migration 23), or both "
+                             "(engine,random: a history of each, measured in the same rounds)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="H's rounds: each measures every case once, in turns (default 3)")
     parser.add_argument("--claim-jobs", type=int, default=20_000, help="backlog claimed in H (default 20000)")
     parser.add_argument("--claim-limit", type=int, default=16, help="LIMIT of the timed claims (default 16)")
     parser.add_argument("--explains", type=int, default=25,
@@ -378,6 +426,7 @@ def main() -> int:
     add_common_arguments(parser)
     args = parser.parse_args()
     args.parts = args.parts.upper()
+    args.twins = []
     bench = setup(parser, args)
     results = Results(args.results)
     print(f"pgdurable   setup: {args.url} schema {args.schema}, python {sys.version.split()[0]}, "
@@ -394,12 +443,13 @@ def main() -> int:
             print(f"\nqueued three-step workflows, backlog of {args.n} enqueued with one enqueue_many, drained:\n")
             print(table(("workers x concurrency", "kind", "workflows/s", "steps/s"), rows))
         if history:
-            print(f"\nclaim cost, {args.claim_jobs} step-less jobs:\n")
-            print(table(("", "empty table", f"{args.history} finished", "ratio"), history))
+            print(f"\nclaim cost, {args.claim_jobs} step-less jobs, medians of {args.rounds} rounds:\n")
+            print(table(("", "empty table", *args.history_columns), history))
     finally:
         bench.app.close()
         if not args.keep_schema:
-            drop_schema(args.url, args.schema)
+            for schema in [args.schema, *args.twins]:
+                drop_schema(args.url, schema)
     return 0
 
 
