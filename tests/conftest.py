@@ -4,6 +4,7 @@ test, apps with short timings, and in-process or subprocess workers."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 import os
 import subprocess
@@ -12,12 +13,13 @@ import tempfile
 import threading
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import pytest_asyncio
 from psycopg import sql
 
 import pgdurable
@@ -52,8 +54,14 @@ def schema(database_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_app(database_url: str, schema: str) -> Iterator[Callable[..., pgdurable.App]]:
-    apps: list[pgdurable.App] = []
+def made_apps() -> list[pgdurable.App]:
+    """The apps make_app made in this test."""
+    return []
+
+
+@pytest.fixture
+def make_app(database_url: str, schema: str, made_apps: list[pgdurable.App]) -> Iterator[Callable[..., pgdurable.App]]:
+    apps = made_apps
 
     def make(**overrides: Any) -> pgdurable.App:
         app = pgdurable.App(database_url, schema=schema, **{**FAST, **overrides})
@@ -63,6 +71,21 @@ def make_app(database_url: str, schema: str) -> Iterator[Callable[..., pgdurable
     yield make
     for app in apps:
         app.close()
+
+
+@pytest_asyncio.fixture
+async def close_loop_pools(made_apps: list[pgdurable.App]) -> AsyncIterator[None]:
+    """After an async test, close the pools its calls opened on its event loop, while the loop still runs
+    (as pgdurable.testing does for users' tests), rather than leaving their tasks to the loop's shutdown."""
+    yield
+    for made in made_apps:
+        await made.db.aclose_loop_pool()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if inspect.iscoroutinefunction(getattr(item, "function", None)) and isinstance(item, pytest.Function):
+            item.fixturenames.append("close_loop_pools")
 
 
 @pytest.fixture
