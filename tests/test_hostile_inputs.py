@@ -11,6 +11,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+# Imported here, not lazily by @given inside the test: once in CI, compiling it there (pytest rewrites a
+# plugin's modules) failed with CPython 3.11's "AST constructor recursion depth mismatch" SystemError.
+import hypothesis.internal.conjecture.optimiser  # noqa: F401
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
