@@ -321,7 +321,8 @@ def claim_figures(case: Case, args: argparse.Namespace) -> dict[str, float]:
 
 
 def part_history(bench: Bench, args: argparse.Namespace, results: Results) -> list[tuple[str, ...]]:
-    """The empty table and one history per kind of ids, measured in turns; medians over the rounds."""
+    """The empty table and one history per kind of ids, measured in turns; medians over the rounds. The
+    table's rows, its header row first."""
     execute(args.url, args.schema, RESET)
     cases = [Case("empty table", f"{args.schema}_empty", twin(args, f"{args.schema}_empty"), args.ids[0])]
     for i, kind in enumerate(args.ids):
@@ -360,8 +361,8 @@ def part_history(bench: Bench, args: argparse.Namespace, results: Results) -> li
         for row, (_, key, spec) in zip(table_rows, rows, strict=True):
             slower = empty[key] / full[key] if key == "drain_per_s" else full[key] / empty[key]
             row += [format(full[key], spec), f"{slower:.2f}x"]
-    args.history_columns = [column for case in cases[1:] for column in (case.label, "ratio")]
-    return [tuple(row) for row in table_rows]
+    header = ("", "empty table", *(column for case in cases[1:] for column in (case.label, "ratio")))
+    return [header, *(tuple(row) for row in table_rows)]
 
 
 def twin(args: argparse.Namespace, schema: str) -> Bench:
@@ -444,7 +445,7 @@ def main() -> int:
             print(table(("workers x concurrency", "kind", "workflows/s", "steps/s"), rows))
         if history:
             print(f"\nclaim cost, {args.claim_jobs} step-less jobs, medians of {args.rounds} rounds:\n")
-            print(table(("", "empty table", *args.history_columns), history))
+            print(table(history[0], history[1:]))
     finally:
         bench.app.close()
         if not args.keep_schema:
