@@ -129,7 +129,10 @@ def test_several_workers_never_run_one_execution_at_once(h: Harness) -> None:
         assert len({e.pid for e in runs}) == 1 and runs[0].pid in pids, runs
         execution = h.execution(wid)
         assert execution["status"] == "succeeded"
-        assert execution["attempt"] == 1 and execution["recoveries"] == 0  # claimed exactly once
+        # claimed exactly once (a failure says how the row got a second attempt: CI saw attempt 2 without a
+        # recovery once, on Citus, and it has not been reproduced since; the workers' warnings name the path)
+        assert execution["attempt"] == 1 and execution["recoveries"] == 0, (
+            execution, *(h.log(proc) for proc in workers))
         assert execution["output"]["pid"] == runs[0].pid
         assert execution["output"]["step_pids"] == [runs[0].pid] * 3
         assert h.steps(wid) == [(0, "crashy.work", 1), (1, "crashy.work", 1), (2, "crashy.work", 1)]
