@@ -249,6 +249,19 @@ def build(ours: dict[str, Any], anchors: Anchors | None, c1: tuple[float | None,
             t.rows.append((f"claim cost, {history:,} finished rows vs empty table: {label}", f"{ratio:.2f}x",
                            "≤ 1.1x" + (" ✓" if ratio <= 1.1 else " ✗"), "—", "—"))
 
+    # Bloat under steady churn (bench/bloat.py).
+    if get("bloat.rounds") is not None:
+        ratios = [get(f"bloat.{part}_ratio") for part in
+                  ("executions_heap", "executions_indexes", "steps_heap", "steps_indexes")]
+        bounded = all(r is not None and r <= 1.1 for r in ratios)
+        t.rows.append((f"bloat: sizes under steady churn with retention, last third ÷ middle third of "
+                       f"{get('bloat.rounds')} rounds ({get('bloat.mode')}): executions heap / indexes, "
+                       "steps heap / indexes",
+                       " / ".join(f"{r:.2f}x" for r in ratios if r is not None),
+                       "≤ 1.1x" + (" ✓" if bounded else " ✗"), "—", "—"))
+        t.rows.append(("bloat: workflow_executions bytes per execution kept (heap and indexes, last round)",
+                       f"{get('bloat.bytes_per_execution'):,.0f} B", "—", "—", "—"))
+
     # Memory.
     if get("memory.n") is not None:
         t.rows.append((f"memory: worker VmRSS over {get('memory.n'):,} workflows (idle / after warm-up / last / max)",

@@ -49,12 +49,14 @@ if [ "$small" = 1 ]; then
   scale_args=(-n 500 --workers 1,2 --concurrencies 10,1000 --history 10000 --claim-jobs 1000 --explains 5)
   memory_args=(-n 10000 --chunk 2000 --every 2000)
   costs_args=(--rounds 1 --seconds 1 --calls 200 --steps 100 --clients 8)
+  bloat_args=(--rounds 3 --jobs 300 --keep-seconds 1)
 else
   seconds=${PGBENCH_SECONDS:-10}
   throughput_args=(--jobs $((N * 10)))
   scale_args=()
   memory_args=()
   costs_args=()
+  bloat_args=()
 fi
 
 step() {  # step NAME COMMAND...: run, tee the output to $out/NAME.txt, note a failure and go on
@@ -110,6 +112,8 @@ step throughput-threads "$py" bench/throughput.py "$N" -c 64 --parts A --enqueue
 step costs "$py" bench/costs.py "${costs_args[@]}" --results "$results"
 step scale "$py" bench/scale.py "${scale_args[@]}" --results "$results"
 step memory "$py" bench/memory.py "${memory_args[@]}" --results "$results"
+# Autovacuum on for its run if the server has it off (this machine's CI configuration does), then restored.
+step bloat "$py" bench/bloat.py --enable-autovacuum "${bloat_args[@]}" --results "$results"
 
 echo
 "$py" bench/report.py --results "$results" "${anchor_file[@]}" "${pgbench_files[@]}" | tee "$out/table.md"
