@@ -816,16 +816,18 @@ CREATE TYPE execution_spec_v1 AS (
 -- executions so land together on the right edge of the primary key (and of operation_outputs's), not on
 -- random pages of a long history (see src/pgdurable/ids.py, which makes the same ids in Python).
 CREATE FUNCTION new_execution_id() RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql  -- not SQL: a pinned SQL function is planned again by every statement that calls it
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT encode(set_byte(overlay(r PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-                                                          FROM 3)
-                                     FROM 1 FOR 6),
-                             6, get_byte(r, 6) & 15 | 112),  -- the version nibble: 7
-                  'hex')::uuid::text
-    FROM (SELECT uuid_send(gen_random_uuid()) AS r) AS random_v4  -- its variant bits are already RFC 9562's
+DECLARE
+    r bytea := uuid_send(gen_random_uuid());  -- its variant bits are already RFC 9562's
+BEGIN
+    -- the first 48 bits: the Unix time in milliseconds
+    r := overlay(r PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                 FROM 1 FOR 6);
+    RETURN encode(set_byte(r, 6, get_byte(r, 6) & 15 | 112), 'hex')::uuid::text;  -- the version nibble: 7
+END;
 $$;
 REVOKE ALL ON FUNCTION new_execution_id() FROM PUBLIC;
 

@@ -1,0 +1,4 @@
+-- The Citus layout, version 24 (recorded in schema_migrations as 10024): nothing more to do on the cluster.
+--
+-- The single-node migration of this number rewrites new_execution_id() in PL/pgSQL (same name, same result);
+-- Citus propagates the new body to the worker nodes as it did the first.
