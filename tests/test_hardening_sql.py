@@ -125,6 +125,28 @@ def test_the_table_refuses_rows_the_sql_api_would_refuse(db: psycopg.Connection[
         db.execute(statement)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("statement", "rule"), [
+    ("INSERT INTO workflow_executions (id, name) VALUES ('', 'job')", "workflow_executions_id_check"),
+    ("INSERT INTO workflow_executions (id, name, queue) VALUES ('x', 'job', 'no spaces')",
+     "workflow_executions_queue_check"),
+    ("INSERT INTO workflow_executions (id, name, status) VALUES ('x', 'job', 'paused')",
+     "workflow_executions_status_check"),
+    ("INSERT INTO workflow_executions (id, name, status) VALUES ('x', 'job', 'running')", "workflow_executions_check"),
+    ("INSERT INTO workflow_executions (id, name, tags) VALUES ('x', 'job', '[1]')", "workflow_executions_tags_object"),
+    ("UPDATE workflow_executions SET dedup_key = '' WHERE id = 'good'", "workflow_executions_dedup_key_check"),
+    ("UPDATE workflow_executions SET debounce_deadline = 'infinity' WHERE id = 'good'",
+     "workflow_executions_debounce_deadline_range"),
+])
+def test_a_broken_row_rule_is_named_in_the_error(db: psycopg.Connection[Any], statement: str, rule: str) -> None:
+    """The rules live in one constraint (migration 25); the error still names the rule that broke."""
+    db.execute("INSERT INTO workflow_executions (id, name) VALUES ('good', 'job')")
+    with pytest.raises(psycopg.errors.CheckViolation) as raised:
+        db.execute(statement)  # type: ignore[arg-type]
+    assert raised.value.diag.constraint_name == rule
+    assert raised.value.diag.table_name == "workflow_executions"
+    assert f'violates check constraint "{rule}"' in str(raised.value)
+
+
 def test_upgrading_fails_bad_rows_clearly_and_the_queue_keeps_running(
         database_url: str, schema: str, owner: psycopg.Connection[Any], make_app: Callable[..., pgdurable.App],
         start_worker: Callable[..., Any]) -> None:
@@ -198,7 +220,7 @@ def test_one_row_cannot_make_a_claim_fail(database_url: str, schema: str, owner:
     app.queue("rated", rate_limit=100, rate_period=1.0)
     app.migrate()
     app.apply_queue_policies()
-    owner.execute("ALTER TABLE workflow_executions DROP CONSTRAINT workflow_executions_timeout_seconds_range")
+    owner.execute("ALTER TABLE workflow_executions DROP CONSTRAINT workflow_executions_row_rules")
     owner.execute("ALTER TABLE queues DROP CONSTRAINT queues_rate_period_seconds_range")
     owner.execute("UPDATE queues SET rate_period_seconds = 1e300 WHERE name = 'rated'")
     ids = []

@@ -1,0 +1,6 @@
+-- The Citus layout, version 25 (recorded in schema_migrations as 10025): nothing to do on the cluster.
+--
+-- The single-node migration of this number replaces workflow_executions' twelve CHECK constraints with one
+-- that calls check_execution_row(), except on a schema with this layout: its distributed table keeps the
+-- twelve (an ALTER TABLE of it is sent to the shards, where that function does not exist while migrations
+-- defer Citus's object propagation). The function is created all the same, unused.
