@@ -50,7 +50,8 @@ CREATE TABLE schema_migrations (
 -- text and prepares them for every statement that writes the table, and twelve of them cost each insert
 -- about 0.1 ms and each claim or completion 60 us (pgbench); a call to this function, whose statements
 -- PL/pgSQL plans once per session, costs a fraction of that. A broken rule is reported as before: SQLSTATE
--- 23514, with the name the rule's own constraint had.
+-- 23514, with the name the rule's own constraint had. (A schema with the Citus layout keeps one constraint
+-- per rule: see migration 25.)
 CREATE FUNCTION check_execution_row(
     id text, queue text, status text, owner_id text, lease_expires timestamptz, timeout_seconds double precision,
     available_at timestamptz, deadline timestamptz, concurrency_key text, dedup_key text, debounce_key text,
