@@ -201,3 +201,23 @@ def test_executions_are_created_only_through_the_insert_function() -> None:
     assert sorted(creators) == ["enqueue", "enqueue_child", "enqueue_many", "enqueue_ticks", "fork", "start_owned"]
     body = schema_sql().split("CREATE FUNCTION enqueue_workflow(", 1)[1].split("\n$$;", 1)[0]
     assert "insert_executions_v2" in body and "INSERT INTO" not in body
+
+
+def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, schema: str) -> None:
+    """PostgreSQL reads every CHECK expression of a table back from its stored text, and prepares it, for
+    each statement that writes the table. workflow_executions (written by every enqueue, claim, heartbeat
+    and completion) keeps its rules in one constraint calling check_execution_row (migration 25): a new rule
+    belongs there, not in a constraint of its own. operation_outputs (every step) has none."""
+    migrate(database_url, schema)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        def checks(table: str) -> list[str]:
+            return [row[0] for row in conn.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c' ORDER BY 1",
+                (f'"{schema}".{table}',))]
+
+        assert checks("workflow_executions") == ["workflow_executions_row_rules"]
+        assert checks("operation_outputs") == []
+        language = conn.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                                "WHERE p.oid = %s::regprocedure",
+                                (f'"{schema}".new_execution_id()',)).fetchone()
+        assert language == ("plpgsql",)  # a pinned SQL function is planned again by every calling statement
