@@ -207,7 +207,8 @@ def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, sc
     """PostgreSQL reads every CHECK expression of a table back from its stored text, and prepares it, for
     each statement that writes the table. workflow_executions (written by every enqueue, claim, heartbeat
     and completion) keeps its rules in one constraint calling check_execution_row (migration 25): a new rule
-    belongs there, not in a constraint of its own. operation_outputs (every step) has none."""
+    belongs there, not in a constraint of its own. operation_outputs (every step) has none. And the functions
+    on the insert path stay PL/pgSQL (migrations 24 and 26)."""
     migrate(database_url, schema)
     with psycopg.connect(database_url, autocommit=True) as conn:
         def checks(table: str) -> list[str]:
@@ -217,7 +218,9 @@ def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, sc
 
         assert checks("workflow_executions") == ["workflow_executions_row_rules"]
         assert checks("operation_outputs") == []
-        language = conn.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
-                                "WHERE p.oid = %s::regprocedure",
-                                (f'"{schema}".new_execution_id()',)).fetchone()
-        assert language == ("plpgsql",)  # a pinned SQL function is planned again by every calling statement
+        # Called once per enqueue, or per row a bound table writes: a pinned SQL function would be planned
+        # again by every calling statement.
+        for function in ("new_execution_id()", "insert_executions_v1(jsonb, jsonb, boolean)"):
+            language = conn.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                                    "WHERE p.oid = %s::regprocedure", (f'"{schema}".{function}',)).fetchone()
+            assert language == ("plpgsql",), function

@@ -819,13 +819,16 @@ BEGIN
 END;
 $$;
 
--- The insert of the previous release, for its workers during a deploy: the same as v2.
+-- The insert of the previous release, for its workers during a deploy (and for table_binding_fire): the same
+-- as v2. PL/pgSQL, not SQL: a pinned SQL function is planned again by every statement that calls it.
 CREATE FUNCTION insert_executions_v1(rows jsonb, common jsonb DEFAULT '{}', raise_on_conflict boolean DEFAULT false)
 RETURNS TABLE (id text, name text, status text, attempt integer, input jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
-    SELECT * FROM insert_executions_v2(rows, common, raise_on_conflict);
+BEGIN
+    RETURN QUERY SELECT * FROM insert_executions_v2(rows, common, raise_on_conflict);
+END;
 $$;
 
 -- One execution as the previous release's insert read it (kept while insert_executions_v1 is).

@@ -1,0 +1,4 @@
+-- The Citus layout, version 26 (recorded in schema_migrations as 10026): nothing more to do on the cluster.
+--
+-- The single-node migration of this number rewrites insert_executions_v1 in PL/pgSQL; it still calls
+-- insert_executions_v2, which on this layout is the layout's own (sql/citus/0018).
