@@ -32,11 +32,12 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -44,6 +45,7 @@ from psycopg import sql
 if __package__ in (None, ""):  # run as a script: make the repository root importable, as the workers do
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import server_settings
 from bench.throughput import (
     DEFAULT_URL,
     WORK_QUEUE,
@@ -61,8 +63,7 @@ TABLES = ("workflow_executions", "operation_outputs")
 BOUNDED = 1.10
 
 SIZES = """
-SELECT t.relname, pg_relation_size(t.relid), pg_indexes_size(t.relid), t.n_live_tup, t.n_dead_tup,
-       t.autovacuum_count, t.vacuum_count
+SELECT t.relname, pg_relation_size(t.relid), pg_indexes_size(t.relid), t.n_dead_tup, t.autovacuum_count
 FROM pg_stat_user_tables t
 WHERE t.schemaname = %s AND t.relname = ANY (%s)
 """
@@ -75,19 +76,25 @@ ORDER BY 1
 """
 
 
+class TableSize(NamedTuple):
+    heap: int  # bytes
+    indexes: int  # bytes
+    dead: int  # dead row versions
+    autovacuums: int  # autovacuum runs so far
+
+
 @dataclass
 class Round:
     number: int
     rows: int  # executions in the table after the round's retention
     drain_per_s: float
-    # table -> (heap bytes, index bytes, live rows, dead rows, autovacuums, vacuums)
-    tables: dict[str, tuple[int, int, int, int, int, int]]
-    indexes: dict[str, int]
+    tables: dict[str, TableSize]
+    indexes: dict[str, int]  # bytes
 
 
-def measure(conn: psycopg.Connection[Any], schema: str) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+def measure(conn: psycopg.Connection[Any], schema: str) -> tuple[dict[str, TableSize], dict[str, int]]:
     conn.execute("SELECT pg_stat_clear_snapshot()")  # read this moment's counters, not the first read's
-    tables = {r[0]: tuple(int(v) for v in r[1:]) for r in conn.execute(SIZES, (schema, list(TABLES)))}
+    tables = {r[0]: TableSize(*(int(v) for v in r[1:])) for r in conn.execute(SIZES, (schema, list(TABLES)))}
     indexes = {r[0]: int(r[1]) for r in conn.execute(INDEX_SIZES, (schema, list(TABLES)))}
     return tables, indexes
 
@@ -96,29 +103,21 @@ def mb(n: float) -> str:
     return f"{n / 1048576:.1f}"
 
 
-def server_setting(url: str, name: str) -> str:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
-        assert row is not None
-        return str(row[0])
-
-
 def set_server(url: str, name: str, value: str | None) -> None:
-    """ALTER SYSTEM SET name (None: RESET), then reload: both settings used here take effect without a
-    restart."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        if value is None:
-            conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
-        else:
-            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-        conn.execute("SELECT pg_reload_conf()")
+    """Set (None: reset) a server-wide setting for the run; autovacuum and its naptime need no restart."""
+    server_settings.reload(url, name, value)
     time.sleep(1.0)  # the postmaster and the autovacuum launcher read the file on SIGHUP
+
+
+def thirds(series: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The middle and the last third of the rounds (the first is the warm-up, while the kept history fills)."""
+    third = max(1, len(series) // 3)
+    return series[third:2 * third] or series, series[2 * third:] or series
 
 
 def verdict(series: list[int]) -> tuple[float, str]:
     """Largest of the last third over the largest of the middle third."""
-    third = max(1, len(series) // 3)
-    middle, last = series[third:2 * third] or series, series[2 * third:] or series
+    middle, last = thirds(series)
     ratio = max(last) / max(max(middle), 1)
     return ratio, ("bounded" if ratio <= BOUNDED else "GROWING")
 
@@ -142,16 +141,16 @@ def main() -> None:
     results = Results(args.results)
 
     changed: list[str] = []  # server settings to reset at the end
-    if server_setting(args.url, "autovacuum") != "on" and args.enable_autovacuum:
+    if server_settings.current(args.url, "autovacuum") != "on" and args.enable_autovacuum:
         set_server(args.url, "autovacuum", "on")
         changed.append("autovacuum")
     if args.autovacuum_naptime is not None:
         set_server(args.url, "autovacuum_naptime", f"{args.autovacuum_naptime}s")
         changed.append("autovacuum_naptime")
-    if server_setting(args.url, "autovacuum") != "on" and not args.vacuum_each_round:
+    if server_settings.current(args.url, "autovacuum") != "on" and not args.vacuum_each_round:
         sys.exit("autovacuum is off on this server: pass --enable-autovacuum (or --vacuum-each-round)")
     mode = ("VACUUM after each round" if args.vacuum_each_round
-            else f"autovacuum (naptime {server_setting(args.url, 'autovacuum_naptime')})")
+            else f"autovacuum (naptime {server_settings.current(args.url, 'autovacuum_naptime')})")
 
     schema = f"bloat_{secrets.token_hex(4)}"
     bench = build(args.url, schema)
@@ -180,10 +179,11 @@ def main() -> None:
             row = conn.execute("SELECT count(*) FROM workflow_executions").fetchone()
             assert row is not None
             tables, indexes = measure(conn, schema)
-            rounds.append(Round(number, int(row[0]), drain, tables, indexes))  # type: ignore[arg-type]
+            rounds.append(Round(number, int(row[0]), drain, tables, indexes))
             e, s = tables["workflow_executions"], tables["operation_outputs"]
-            print(f"{number:5d} {row[0]:6d} {drain:8.0f}  {mb(e[0]):>6} + {mb(e[1]):<6}              "
-                  f"{e[3]:6d}  {mb(s[0]):>6} + {mb(s[1]):<6}          {e[4]}/{s[4]}", flush=True)
+            print(f"{number:5d} {row[0]:6d} {drain:8.0f}  {mb(e.heap):>6} + {mb(e.indexes):<6}              "
+                  f"{e.dead:6d}  {mb(s.heap):>6} + {mb(s.indexes):<6}          {e.autovacuums}/{s.autovacuums}",
+                  flush=True)
     finally:
         worker.stop()
         pending.conn.close()
@@ -192,15 +192,15 @@ def main() -> None:
         drop_schema(args.url, schema)
         for name in changed:
             set_server(args.url, name, None)
-            print(f"({name} back to the server's setting: {server_setting(args.url, name)})", flush=True)
+            print(f"({name} back to the server's setting: {server_settings.current(args.url, name)})", flush=True)
 
     print("\nlargest size of the last third of the rounds / largest of the middle third "
           f"(bounded: <= {BOUNDED:.2f}x):")
     series = {
-        "executions heap": [r.tables["workflow_executions"][0] for r in rounds],
-        "executions indexes": [r.tables["workflow_executions"][1] for r in rounds],
-        "steps heap": [r.tables["operation_outputs"][0] for r in rounds],
-        "steps indexes": [r.tables["operation_outputs"][1] for r in rounds],
+        "executions heap": [r.tables["workflow_executions"].heap for r in rounds],
+        "executions indexes": [r.tables["workflow_executions"].indexes for r in rounds],
+        "steps heap": [r.tables["operation_outputs"].heap for r in rounds],
+        "steps indexes": [r.tables["operation_outputs"].indexes for r in rounds],
         "rows kept": [r.rows for r in rounds],
     }
     for label, values in series.items():
@@ -210,19 +210,18 @@ def main() -> None:
         results[f"bloat.{label.replace(' ', '_')}_ratio"] = ratio
     first, last = rounds[len(rounds) // 3], rounds[-1]
     executions, steps = last.tables["workflow_executions"], last.tables["operation_outputs"]
-    print(f"space per execution kept, at the end: {(executions[0] + executions[1]) / max(last.rows, 1):.0f} B "
-          f"in workflow_executions, {(steps[0] + steps[1]) / max(last.rows, 1):.0f} B in operation_outputs "
-          "(heap and indexes)")
+    print(f"space per execution kept, at the end: {(executions.heap + executions.indexes) / max(last.rows, 1):.0f} "
+          f"B in workflow_executions, {(steps.heap + steps.indexes) / max(last.rows, 1):.0f} B in "
+          "operation_outputs (heap and indexes)")
     results["bloat.rounds"] = len(rounds)
     results["bloat.mode"] = mode
-    results["bloat.bytes_per_execution"] = (executions[0] + executions[1]) / max(last.rows, 1)
+    results["bloat.bytes_per_execution"] = (executions.heap + executions.indexes) / max(last.rows, 1)
     print("each index of the two tables, at the end of the first third and at the end (MB):")
     for name in sorted(last.indexes):
         print(f"  {name:45s} {mb(first.indexes.get(name, 0)):>7} -> {mb(last.indexes[name]):>7}")
-    drains = [r.drain_per_s for r in rounds]
-    third = max(1, len(drains) // 3)
-    print(f"drain rate, median of the middle third {sorted(drains[third:2 * third])[third // 2]:.0f}/s, "
-          f"of the last third {sorted(drains[2 * third:])[len(drains[2 * third:]) // 2]:.0f}/s")
+    middle, last_third = thirds([r.drain_per_s for r in rounds])
+    print(f"drain rate, median of the middle third {statistics.median(middle):.0f}/s, "
+          f"of the last third {statistics.median(last_third):.0f}/s")
     results.save()
 
 

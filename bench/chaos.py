@@ -103,7 +103,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pgdurable
-from bench import chaos_app
+from bench import chaos_app, server_settings
 from pgdurable import citus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -233,12 +233,7 @@ class Server:
         open ones included, uses the new one from its next statement on. Its own session is exempt from the
         statement_timeout that the cancelq scenario sets server-wide (else resetting that very setting, under
         load, could be cancelled by it and leave it on for the scenarios after)."""
-        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
-            if value is None:
-                conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
-            else:
-                conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-            conn.execute("SELECT pg_reload_conf()")
+        server_settings.reload(self.admin_url, name, value)
 
 
 class PrivateServer(Server):
