@@ -381,8 +381,11 @@ def test_the_embedded_server_stops_when_its_only_user_is_sigkilled(tmp_path: Pat
             env={**env, "PGDURABLE_DATA_DIR": str(data), "PYTHONPATH": CHILD_PYTHONPATH,
                  "PGDURABLE_EMBEDDED_WATCH_SECONDS": "0.5"})
     try:
-        wait_for(lambda: "worker " in log.read_text() and "queues" in log.read_text(), 3 * WAIT,
-                 "the worker on the embedded server to start")
+        try:
+            wait_for(lambda: "worker " in log.read_text() and "queues" in log.read_text(), 3 * WAIT,
+                     "the worker on the embedded server to start")
+        except pytest.fail.Exception as exc:  # once in CI (embedded lane): say what the worker got to
+            pytest.fail(f"{exc}; worker exit code {worker.poll()}, its log:\n{log.read_text(errors='replace')}")
         lines = log.read_text().splitlines()
         assert len(lines) <= 4, lines  # the data directory, the migration, the worker: not ~15 lines
         assert any(f"data in {data}" in line for line in lines), lines
