@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import citus, store
 from .display import register_loaders
 from .migrations import applied_version, migrate_and_layout
+from .pools import AsyncStackPool, StackPool
 from .redaction import check_database_url
 
 T = TypeVar("T")
@@ -118,7 +119,7 @@ class Database:
                 if self._pool is None:
                     self.ensure_schema()
                     schema, distributed = self.schema, self.distributed
-                    self._pool = ConnectionPool(
+                    self._pool = StackPool(
                         self.conninfo, min_size=1, max_size=self.pool_size, open=True,
                         kwargs={"autocommit": True}, configure=lambda c: configure(c, schema, distributed),
                         name="pgdurable")
@@ -130,7 +131,7 @@ class Database:
             with self._lock:
                 if self._app_pool is None:
                     self.ensure_schema()
-                    self._app_pool = ConnectionPool(self.conninfo, min_size=1, max_size=self.pool_size * 4,
+                    self._app_pool = StackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4,
                                                     open=True, kwargs={"autocommit": True},
                                                     name="pgdurable-transactions")
         return self._app_pool
@@ -169,7 +170,7 @@ class Database:
             async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
                 await aconfigure(conn, schema, distributed)
 
-            pool = AsyncConnectionPool(
+            pool = AsyncStackPool(
                 self.conninfo, min_size=1, max_size=size or self.pool_size, open=False,
                 kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
             await pool.open()
@@ -181,7 +182,7 @@ class Database:
         pool = self._app_async_pools.get(loop)
         if pool is None:
             await asyncio.to_thread(self.ensure_schema)
-            pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
+            pool = AsyncStackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
                                        kwargs={"autocommit": True}, name="pgdurable-transactions-async")
             await pool.open()
             pool = await _keep_first(self._app_async_pools, loop, pool)

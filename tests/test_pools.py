@@ -1,0 +1,74 @@
+"""pgdurable's pools hand out the connection returned last (pools.py): a caller working one call at a time
+keeps one warm server process instead of going round all of them. Checked on real connections, so that a
+psycopg_pool release that changes the step the pools override shows here, not as a silent slowdown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pgdurable
+from pgdurable.pools import AsyncStackPool, StackPool
+
+
+def _backend(conn: Any) -> int:
+    return int(conn.info.backend_pid)
+
+
+def test_the_sync_pool_hands_out_the_connection_returned_last(database_url: str) -> None:
+    with StackPool(database_url, min_size=3, max_size=3, open=True, kwargs={"autocommit": True}) as pool:
+        pool.wait()
+        a, b, c = pool.getconn(), pool.getconn(), pool.getconn()
+        pids = [_backend(a), _backend(b), _backend(c)]
+        assert len(set(pids)) == 3
+        for conn in (a, b, c):
+            pool.putconn(conn)
+        # One caller at a time: always the connection returned last.
+        for _ in range(5):
+            with pool.connection() as conn:
+                assert _backend(conn) == pids[2]
+        # Concurrent callers get the others, newest first; the one idle longest comes last.
+        first, second, third = pool.getconn(), pool.getconn(), pool.getconn()
+        assert [_backend(first), _backend(second), _backend(third)] == [pids[2], pids[1], pids[0]]
+        for conn in (first, second, third):
+            pool.putconn(conn)
+
+
+async def test_the_async_pool_hands_out_the_connection_returned_last(database_url: str) -> None:
+    async with AsyncStackPool(database_url, min_size=2, max_size=2, open=False,
+                              kwargs={"autocommit": True}) as pool:
+        await pool.wait()
+        a, b = await pool.getconn(), await pool.getconn()
+        await pool.putconn(b)
+        await pool.putconn(a)
+        for _ in range(5):
+            async with pool.connection() as conn:
+                assert _backend(conn) == _backend(a)
+        # A connection handed out by the pool while another caller waits stays correct under concurrency.
+        seen = await asyncio.gather(*(_pid_after_sleep(pool) for _ in range(6)))
+        assert set(seen) == {_backend(a), _backend(b)}
+
+
+async def _pid_after_sleep(pool: AsyncStackPool) -> int:
+    async with pool.connection() as conn:
+        await conn.execute("SELECT pg_sleep(0.01)")
+        return _backend(conn)
+
+
+def test_one_caller_enqueues_through_one_server_process(app: pgdurable.App) -> None:
+    @app.workflow(queue="nobody_serves_this")
+    def noop(i: int) -> int:
+        return i
+
+    def pid() -> int:
+        with app.runtime.db.pool.connection() as conn:
+            return _backend(conn)
+
+    app.enqueue(noop, 0)
+    with app.runtime.db.pool.connection() as one, app.runtime.db.pool.connection() as two:
+        assert _backend(one) != _backend(two)  # the pool holds two connections now
+    used = set()
+    for i in range(10):
+        app.enqueue(noop, i)
+        used.update((pid(), pid()))
+    assert len(used) == 1
