@@ -5,8 +5,8 @@ different server process each time, and every one of them runs with cold caches 
 entries and PL/pgSQL functions, and the CPU's). Handing out the most recently returned connection keeps the
 work on as few processes as the concurrency needs; the others stay idle, and the pool's own shrinking
 (``max_idle``) closes the longest idle first, as before. SQLAlchemy's ``pool_use_lifo`` and node-postgres do
-the same. Measured (docs/benchmarks.md): one-at-a-time ``app.enqueue`` with two pooled connections 0.66-0.69
-ms a call, 0.50-0.51 ms with this order.
+the same. Measured (docs/benchmarks.md): one-at-a-time ``app.enqueue`` with two pooled connections 0.66-0.70
+ms a call, 0.50-0.59 ms with this order.
 
 The pools override one step of psycopg_pool (taking a ready connection): they move the newest connection to
 the front of psycopg_pool's queue first. Should a psycopg_pool release rename that step, the pools fall back to
