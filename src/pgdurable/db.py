@@ -132,8 +132,8 @@ class Database:
                 if self._app_pool is None:
                     self.ensure_schema()
                     self._app_pool = StackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4,
-                                                    open=True, kwargs={"autocommit": True},
-                                                    name="pgdurable-transactions")
+                                               open=True, kwargs={"autocommit": True},
+                                               name="pgdurable-transactions")
         return self._app_pool
 
     def run(self, call: store.Call[T]) -> T:
@@ -183,7 +183,7 @@ class Database:
         if pool is None:
             await asyncio.to_thread(self.ensure_schema)
             pool = AsyncStackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
-                                       kwargs={"autocommit": True}, name="pgdurable-transactions-async")
+                                  kwargs={"autocommit": True}, name="pgdurable-transactions-async")
             await pool.open()
             pool = await _keep_first(self._app_async_pools, loop, pool)
         return pool
