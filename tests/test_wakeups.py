@@ -1,7 +1,7 @@
 """Wake-ups that cost only when someone sleeps. Doorbells: an enqueue notifies only when a worker sleeps on its
-queue (armed its bell), once per sleep. Result waiters: a finished execution notifies only if a wait registered
-it. Either way, transactions that nobody needs to hear from send no NOTIFY, whose commits PostgreSQL
-serialises."""
+queue (armed its bell, which it disarms when it claims work again). Result waiters: a finished execution
+notifies only if a wait registered it. Either way, transactions that nobody needs to hear from send no NOTIFY,
+whose commits PostgreSQL serialises."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def done_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) ->
     yield from _listener(database_url, schema, "done")
 
 
-def enqueue_sql(conn: psycopg.Connection[Any], queue: str = "q") -> None:
-    conn.execute("SELECT enqueue_workflow('nobody', '{}', %s)", (queue,))
+def enqueue_sql(conn: psycopg.Connection[Any], queue: str = "q", name: str = "nobody") -> None:
+    conn.execute("SELECT enqueue_workflow(%s, '{}', %s)", (name, queue))
 
 
 def arm(conn: psycopg.Connection[Any], worker: str, queue: str = "q") -> None:
@@ -69,10 +69,28 @@ def test_an_enqueue_notifies_only_while_a_bell_is_armed(db: psycopg.Connection[A
     arm(db, "w3", queue="other")
     enqueue_sql(db)
     assert listening() == ["q"]  # one NOTIFY wakes both sleepers of q
-    assert armed(db) == {("q", "w1"): False, ("q", "w2"): False, ("other", "w3"): True}
+    # The enqueue only read the bells: each stays armed until its worker claims (or disarms it).
+    assert armed(db) == {("q", "w1"): True, ("q", "w2"): True, ("other", "w3"): True}
 
+    for worker in ("w1", "w2"):
+        db.execute(_query("disarm_doorbell"), {"id": worker, "queue": "q"})
     enqueue_sql(db)
-    assert listening() == []  # rung once per sleep
+    assert listening() == []  # the workers are busy: they claim again without being told
+
+
+def test_a_claim_keeps_the_bell_in_step_with_what_it_found(db: psycopg.Connection[Any]) -> None:
+    """On a single node the claim itself arms the worker's bell when it finds nothing, and disarms it when it
+    finds work; asked to, that is (a claim on Citus or a queue with limits leaves the bell alone)."""
+    def claim(bell: bool = True) -> list[str]:
+        return [c.id for c in store.run(db, store.claims.claim(queue="q", names=["n"], owner="w1", lease=30,
+                                                                limit=1, version="v", bell=bell))]
+    assert claim() == []
+    assert armed(db) == {("q", "w1"): True}  # installed, armed
+    enqueue_sql(db, name="n")
+    assert claim(bell=False) != [] and armed(db) == {("q", "w1"): True}
+    enqueue_sql(db, name="n")
+    assert claim() != [] and armed(db) == {("q", "w1"): False}
+    assert claim() == [] and armed(db) == {("q", "w1"): True}
 
 
 def test_a_bulk_insert_rings_once_per_queue(db: psycopg.Connection[Any], listening: Callable[[], list[str]]) -> None:
@@ -84,29 +102,34 @@ def test_a_bulk_insert_rings_once_per_queue(db: psycopg.Connection[Any], listeni
     assert sorted(listening()) == ["a", "b"]
 
 
-def test_enqueuers_do_not_wait_for_one_another_on_a_bell(database_url: str, schema: str,
-                                                         db: psycopg.Connection[Any],
-                                                         listening: Callable[[], list[str]]) -> None:
-    """The first transaction to ring holds the bell until it commits; a concurrent enqueue skips it (its
-    NOTIFY wakes the same workers) instead of waiting behind an application transaction that may be long."""
+def test_an_enqueue_only_reads_the_bell(database_url: str, schema: str, db: psycopg.Connection[Any],
+                                        listening: Callable[[], list[str]]) -> None:
+    """Ringing locks and writes nothing: concurrent enqueuers never wait for one another, nor for a worker
+    whose claim holds its bell's row (arming or disarming it), however long those transactions stay open;
+    each rings at its commit."""
     arm(db, "w1")
     first = psycopg.connect(database_url)
     second = psycopg.connect(database_url)
+    worker = psycopg.connect(database_url)
     try:
-        for conn in (first, second):
+        for conn in (first, second, worker):
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             conn.commit()
-        enqueue_sql(first)  # rings: the bell is locked until `first` ends
+        worker.execute("UPDATE worker_doorbells SET armed = armed WHERE worker_id = 'w1'")  # the row locked
+        enqueue_sql(first)
         second.execute("SET lock_timeout = '5s'")  # would fail with a lock timeout if it waited
         enqueue_sql(second)
         second.commit()
-        assert listening() == []
+        assert listening() == ["q"]
         first.commit()
         assert listening() == ["q"]
+        worker.rollback()
     finally:
         first.close()
         second.close()
+        worker.close()
     assert db.execute("SELECT count(*) FROM workflow_executions").fetchone() == (2,)
+    assert armed(db) == {("q", "w1"): True}
 
 
 def test_a_sleeping_worker_is_woken_by_an_enqueue_from_sql(make_app: Callable[..., pgdurable.App],

@@ -59,6 +59,10 @@ class Completion:
     status: str
     output: str | None
     error: str | None
+    # (worker id, queue): the doorbell this worker arms in the completion's transaction, when finishing its
+    # last execution of a queue that ran dry (worker/producer.py: before the caller hears of the result, who
+    # may enqueue again at once).
+    bell: tuple[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -475,7 +479,8 @@ def _write_calls(writes: Sequence[tuple[Item, Waiter]]) -> list[store.Call[set[s
     if steps:
         calls.append(store.checkpoints.write_steps("[" + ",".join(steps) + "]"))
     if done:
-        calls.append(store.checkpoints.write_completions("[" + ",".join(done) + "]"))
+        bells = list(dict.fromkeys(item.bell for item, _ in writes if isinstance(item, Completion) and item.bell))
+        calls.append(store.checkpoints.write_completions("[" + ",".join(done) + "]", json.dumps(bells)))
     return calls
 
 

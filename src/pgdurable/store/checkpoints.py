@@ -57,9 +57,10 @@ def write_steps(rows: str) -> Call[set[WriteKey]]:
     return Call("write_steps", {"rows": rows}, _written)
 
 
-def write_completions(rows: str) -> Call[set[WriteKey]]:
-    """Completions as one JSON array; returns (execution_id, attempt, None) of the executions finished."""
-    return Call("write_completions", {"rows": rows}, _written)
+def write_completions(rows: str, bells: str = "[]") -> Call[set[WriteKey]]:
+    """Completions as one JSON array; returns (execution_id, attempt, None) of the executions finished.
+    ``bells``: a JSON array of [worker_id, queue], the doorbells to arm in the same statement (single node)."""
+    return Call("write_completions", {"rows": rows, "bells": bells}, _written)
 
 
 def list_steps(id: str) -> Call[list[Step]]:

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -97,7 +98,7 @@ class Worker:
                     buckets=lambda: runtime.db.buckets)
         self.timer = Timer(deps)
         self.executor = Executor(runtime, self.id, concurrency, on_free=self._slot_freed,
-                                 on_suspend=self.timer.suspended)
+                                 on_suspend=self.timer.suspended, arm_with=self._arm_with_completion)
         self.producers = {queue: Producer(queue, worker_id=self.id, names=self.names, version=self.version,
                                           settings=self.settings, executor=self.executor,
                                           policies=lambda: self.policies, run=self._run, stopping=self._stop,
@@ -166,6 +167,10 @@ class Worker:
     def _slot_freed(self) -> None:
         for producer in self.producers.values():
             producer.slot_freed()
+
+    def _arm_with_completion(self, queue: str) -> Callable[[bool], None] | None:
+        producer = self.producers.get(queue)
+        return producer.arm_with_completion() if producer is not None else None
 
     def _work_notified(self, queue: str | None) -> None:
         # None: anything may have happened (the listener reconnected, the worker stops): re-arm every bell.

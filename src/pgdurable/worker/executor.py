@@ -43,10 +43,13 @@ class Running:
 
 class Executor:
     """Runs owned executions within ``concurrency`` slots. ``on_free`` is called whenever a slot frees up
-    (producers waiting for room claim again); ``on_suspend`` when a workflow suspends until a time."""
+    (producers waiting for room claim again); ``on_suspend`` when a workflow suspends until a time;
+    ``arm_with`` before completing the last running execution of a queue: given the queue, it returns None, or a
+    callback that is told whether the completion (and the doorbell armed in its transaction) committed."""
 
     def __init__(self, runtime: Runtime, worker_id: str, concurrency: int, *, on_free: Callable[[], None],
-                 on_suspend: Callable[[str, Any], None]) -> None:
+                 on_suspend: Callable[[str, Any], None],
+                 arm_with: Callable[[str], Callable[[bool], None] | None] = lambda queue: None) -> None:
         self.runtime = runtime
         self.worker_id = worker_id
         self.concurrency = concurrency
@@ -59,6 +62,7 @@ class Executor:
         self.batcher: WriteBatcher | None = None
         self._on_free = on_free
         self._on_suspend = on_suspend
+        self._arm_with = arm_with
         # Twice the slots: a sync workflow given up while stuck in a step (lease lost, cancelled, timed out)
         # frees its slot at once, but Python cannot stop its thread, which stays busy until the step returns.
         self.threads = ThreadPoolExecutor(max_workers=2 * concurrency, thread_name_prefix="pgdurable-workflow")
@@ -148,7 +152,10 @@ class Executor:
                 await self._park(claimed, context.mismatch)
                 return
             assert self.batcher is not None
-            completion = Completion(claimed.id, claimed.attempt, status, output, error)
+            queue = running.queue
+            armed = self._arm_with(queue) if queue is not None and self.count(queue) == 1 else None
+            completion = Completion(claimed.id, claimed.attempt, status, output, error,
+                                    (self.worker_id, queue) if armed is not None and queue is not None else None)
             try:
                 completed = await self.batcher.submit(completion)
             except SerializationError as refused:  # the database refused the result: that is the failure
@@ -156,6 +163,8 @@ class Executor:
                 completion.error = failures.encode(SerializationError(
                     f"the outcome of workflow {claimed.name!r} could not be recorded: {refused}"))
                 completed = await self.batcher.submit(completion)
+            if armed is not None:
+                armed(completed)
             if completed:
                 outcome = status
                 return

@@ -85,9 +85,10 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- execution with a timeout.
 -- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
 -- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
--- With %(arm)s, a claim that finds nothing (the queue ran dry) also arms this worker's doorbell for the
--- queue (see arm_doorbell), in the same round trip and commit: the producer is about to sleep. A claim that
--- finds work writes nothing more: its commit is on the path from enqueue to start.
+-- With %(bell)s, the claim keeps this worker's doorbell for the queue in step with what it found, in the same
+-- round trip and commit: a claim that finds nothing arms it (see arm_doorbell: the producer is about to
+-- sleep), one that finds work disarms it if it was armed (the first claim after a ring; an enqueue that
+-- rings only reads the bell). Otherwise the bell is left alone, unwritten.
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), picked AS (
@@ -106,14 +107,14 @@ WITH clock AS MATERIALIZED (
     ORDER BY priority, seq
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
-), armed AS (  -- as arm_doorbell: a bell already armed is left alone, unlocked
-    UPDATE worker_doorbells SET armed = true
-    WHERE queue = %(queue)s AND worker_id = %(owner)s AND NOT armed
-      AND %(arm)s AND NOT EXISTS (SELECT FROM picked)
+), bell AS (
+    UPDATE worker_doorbells SET armed = NOT EXISTS (SELECT FROM picked)
+    WHERE queue = %(queue)s AND worker_id = %(owner)s AND %(bell)s
+      AND armed = EXISTS (SELECT FROM picked)
 ), installed AS (
     INSERT INTO worker_doorbells (queue, worker_id)
     SELECT %(queue)s, %(owner)s
-    WHERE %(arm)s AND NOT EXISTS (SELECT FROM picked)
+    WHERE %(bell)s AND NOT EXISTS (SELECT FROM picked)
       AND NOT EXISTS (SELECT FROM worker_doorbells WHERE queue = %(queue)s AND worker_id = %(owner)s)
     ON CONFLICT DO NOTHING
 )
@@ -190,13 +191,26 @@ RETURNING execution_id, recorded_by_attempt, step_id;
 -- name: write_completions
 -- A worker's group commit of finished executions, each only while its writer still owns the attempt.
 -- The batch is one JSON array of [execution_id, attempt, status, output, error]. completed_at is durable
--- time, read once.
+-- time, read once. %(bells)s, a JSON array of [worker_id, queue]: the doorbells the worker arms as it
+-- completes its last execution of a queue that ran dry (see arm_doorbell), in this statement, so that they
+-- are armed before anyone hears of the results.
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), finished AS (
     SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
            r -> 3 AS output, nullif(r -> 4, 'null') AS error
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+), bells AS (
+    SELECT b ->> 0 AS worker_id, b ->> 1 AS queue FROM jsonb_array_elements(%(bells)s::jsonb) AS b
+), armed AS (
+    UPDATE worker_doorbells d SET armed = true
+    FROM bells b
+    WHERE d.worker_id = b.worker_id AND d.queue = b.queue AND NOT d.armed
+), installed AS (
+    INSERT INTO worker_doorbells (queue, worker_id)
+    SELECT b.queue, b.worker_id FROM bells b
+    WHERE NOT EXISTS (SELECT FROM worker_doorbells d WHERE d.worker_id = b.worker_id AND d.queue = b.queue)
+    ON CONFLICT DO NOTHING
 )
 UPDATE workflow_executions e
 SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
