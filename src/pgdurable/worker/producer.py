@@ -17,15 +17,23 @@ producer claims again a moment later or when a slot frees (so as not to compete 
 statements), and that claim arms if it finds nothing. (Arming in a claim that found work put a write on the
 path from enqueue to start; without it, bench/compare_commits.sh gave a median enqueue->claim p50 of 1.64
 against 1.75 ms and A 689 against 610 workflows/s over six interleaved pairs: a small gain, within this
-machine's noise.) An enqueue into the queue that sees an armed bell sends one NOTIFY; it only reads the bell.
-The producer disarms it: on a single node the claim that finds work does (the claim keeps the bell in step
-with what it found), elsewhere a statement of its own when a ring woke the producer. (Enqueues that disarmed
-the bell themselves locked it, so an enqueue racing the worker's arming skipped the locked bell and rang
-nobody; see "Rings that only read the bell" in docs/benchmarks.md.) A busy producer claims again on its own
-and needs no bell. One case still escapes the bell: a transaction that looked at the bell just before it was
-armed and committed after the claim closing the gap (a long application transaction, a slow commit); the
-sleeping producer re-claims on a backoff (50 ms, doubling up to the poll interval while the queue stays empty,
-back to 50 ms after any work), so such work waits tens of milliseconds, never a whole poll interval.
+machine's noise.)
+
+When the queue ran dry and the worker completes its last execution of it, the completion arms the bell in its
+own statement (``arm_with_completion``): whoever waits for that result and enqueues again as soon as it has it
+finds the bell armed. Armed by the claim after the completion, the bell raced that enqueue, which often looked
+at it just before it was armed, rang nobody, and waited for the claim closing the gap (in part C of
+bench/throughput.py, 45% of the round trips: "Arming with the completion" in docs/benchmarks.md). One claim,
+``GAP_SECONDS`` after such a completion, closes its gap.
+
+An enqueue into the queue that sees an armed bell sends one NOTIFY; it only reads the bell (no row lock, no
+write in the application's transaction). The producer disarms it: on a single node the claim that finds work
+does (the claim keeps the bell in step with what it found), elsewhere a statement of its own after a ring or
+when it has no room. A busy producer claims again on its own and needs no bell. One case still escapes the
+bell: a transaction that looked at the bell just before it was armed and committed after the claim closing the
+gap (a long application transaction, a slow commit); the sleeping producer re-claims on a backoff (50 ms,
+doubling up to the poll interval while the queue stays empty, back to 50 ms after any work), so such work waits
+tens of milliseconds, never a whole poll interval.
 """
 
 from __future__ import annotations
