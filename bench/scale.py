@@ -251,7 +251,7 @@ def claim_figures(case: Case, args: argparse.Namespace) -> dict[str, float]:
     names = app.registry.names()
     params = {"queue": JOBS_QUEUE, "names": names, "owner": "bench-claim", "lease": 3600.0,
               "limit": args.claim_limit, "version": app.version, "adopt": app.settings.adopt_after_seconds,
-              "bell": False}
+              "arm": False}
     # (a) and (b): a backlog claimed from here by the worker's own claim statement.
     claim_ids = make_ids(case.ids, j)
     enqueue_chunks(app, flow, [(i,) for i in range(j)], claim_ids, 10_000)

@@ -288,7 +288,7 @@ def test_the_claim_stays_an_index_walk_with_adoption(app: pgdurable.App, db: psy
                "VALUES ('w', 'h', 1, '{default}', '{job}', 1, 'v1')")
     db.execute("ANALYZE workflow_executions")
     params = {"queue": "default", "names": ["job"], "owner": "w", "lease": 30.0, "limit": 10, "version": "v0",
-              "adopt": 60.0, "bell": True}  # as a single-node producer sends it (the claim keeps its bell in step)
+              "adopt": 60.0, "arm": True}  # as a producer about to sleep sends it (a short claim arms its bell)
     with db.transaction(force_rollback=True):
         plan = json.dumps(db.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + sql.SQL(query("claim")),  # type: ignore[operator]
                                      params).fetchone())

@@ -1,7 +1,7 @@
 """Wake-ups that cost only when someone sleeps. Doorbells: an enqueue notifies only when a worker sleeps on its
-queue (armed its bell, which it disarms when it claims work again). Result waiters: a finished execution
-notifies only if a wait registered it. Either way, transactions that nobody needs to hear from send no NOTIFY,
-whose commits PostgreSQL serialises."""
+queue (armed its bell), once per sleep. Result waiters: a finished execution notifies only if a wait registered
+it. Either way, transactions that nobody needs to hear from send no NOTIFY, whose commits PostgreSQL
+serialises."""
 
 from __future__ import annotations
 
@@ -69,28 +69,10 @@ def test_an_enqueue_notifies_only_while_a_bell_is_armed(db: psycopg.Connection[A
     arm(db, "w3", queue="other")
     enqueue_sql(db)
     assert listening() == ["q"]  # one NOTIFY wakes both sleepers of q
-    # The enqueue only read the bells: each stays armed until its worker claims (or disarms it).
-    assert armed(db) == {("q", "w1"): True, ("q", "w2"): True, ("other", "w3"): True}
+    assert armed(db) == {("q", "w1"): False, ("q", "w2"): False, ("other", "w3"): True}
 
-    for worker in ("w1", "w2"):
-        db.execute(_query("disarm_doorbell"), {"id": worker, "queue": "q"})
     enqueue_sql(db)
-    assert listening() == []  # the workers are busy: they claim again without being told
-
-
-def test_a_claim_keeps_the_bell_in_step_with_what_it_found(db: psycopg.Connection[Any]) -> None:
-    """On a single node the claim itself arms the worker's bell when it finds nothing, and disarms it when it
-    finds work; asked to, that is (a claim on Citus or a queue with limits leaves the bell alone)."""
-    def claim(bell: bool = True) -> list[str]:
-        return [c.id for c in store.run(db, store.claims.claim(queue="q", names=["n"], owner="w1", lease=30,
-                                                                limit=1, version="v", bell=bell))]
-    assert claim() == []
-    assert armed(db) == {("q", "w1"): True}  # installed, armed
-    enqueue_sql(db, name="n")
-    assert claim(bell=False) != [] and armed(db) == {("q", "w1"): True}
-    enqueue_sql(db, name="n")
-    assert claim() != [] and armed(db) == {("q", "w1"): False}
-    assert claim() == [] and armed(db) == {("q", "w1"): True}
+    assert listening() == []  # rung once per sleep
 
 
 def test_a_bulk_insert_rings_once_per_queue(db: psycopg.Connection[Any], listening: Callable[[], list[str]]) -> None:
@@ -102,34 +84,29 @@ def test_a_bulk_insert_rings_once_per_queue(db: psycopg.Connection[Any], listeni
     assert sorted(listening()) == ["a", "b"]
 
 
-def test_an_enqueue_only_reads_the_bell(database_url: str, schema: str, db: psycopg.Connection[Any],
-                                        listening: Callable[[], list[str]]) -> None:
-    """Ringing locks and writes nothing: concurrent enqueuers never wait for one another, nor for a worker
-    whose claim holds its bell's row (arming or disarming it), however long those transactions stay open;
-    each rings at its commit."""
+def test_enqueuers_do_not_wait_for_one_another_on_a_bell(database_url: str, schema: str,
+                                                         db: psycopg.Connection[Any],
+                                                         listening: Callable[[], list[str]]) -> None:
+    """The first transaction to ring holds the bell until it commits; a concurrent enqueue skips it (its
+    NOTIFY wakes the same workers) instead of waiting behind an application transaction that may be long."""
     arm(db, "w1")
     first = psycopg.connect(database_url)
     second = psycopg.connect(database_url)
-    worker = psycopg.connect(database_url)
     try:
-        for conn in (first, second, worker):
+        for conn in (first, second):
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             conn.commit()
-        worker.execute("UPDATE worker_doorbells SET armed = armed WHERE worker_id = 'w1'")  # the row locked
-        enqueue_sql(first)
+        enqueue_sql(first)  # rings: the bell is locked until `first` ends
         second.execute("SET lock_timeout = '5s'")  # would fail with a lock timeout if it waited
         enqueue_sql(second)
         second.commit()
-        assert listening() == ["q"]
+        assert listening() == []
         first.commit()
         assert listening() == ["q"]
-        worker.rollback()
     finally:
         first.close()
         second.close()
-        worker.close()
     assert db.execute("SELECT count(*) FROM workflow_executions").fetchone() == (2,)
-    assert armed(db) == {("q", "w1"): True}
 
 
 def test_a_sleeping_worker_is_woken_by_an_enqueue_from_sql(make_app: Callable[..., pgdurable.App],
@@ -158,6 +135,54 @@ def test_a_sleeping_worker_is_woken_by_an_enqueue_from_sql(make_app: Callable[..
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         assert armed(conn) == {}  # a stopped worker takes its bells with it
+
+
+def test_a_completion_arms_the_bell_given_in_its_own_statement(db: psycopg.Connection[Any]) -> None:
+    """write_completions arms the doorbells it is given (a worker finishing its last execution of a queue that
+    ran dry) in the statement that finishes the executions: whoever sees the result sees the bell armed."""
+    enqueue_sql(db, name="n")
+    [claimed] = store.run(db, store.claims.claim(queue="q", names=["n"], owner="w1", lease=30, limit=1, version="v"))
+    arm(db, "w1")
+    enqueue_sql(db)  # rings: disarmed
+    assert armed(db) == {("q", "w1"): False}
+    rows = f'[["{claimed.id}", {claimed.attempt}, "succeeded", 1, null]]'
+    written = store.run(db, store.checkpoints.write_completions(rows, '[["w1", "q"], ["w1", "fresh"]]'))
+    assert written == {(claimed.id, claimed.attempt, None)}
+    assert armed(db) == {("q", "w1"): True, ("fresh", "w1"): True}  # a bell not yet there is installed armed
+    assert store.run(db, store.checkpoints.write_completions("[]")) == set()  # no bells: none touched
+    assert armed(db) == {("q", "w1"): True, ("fresh", "w1"): True}
+
+
+def test_a_worker_finishing_its_last_execution_has_armed_its_bell_by_the_time_the_result_shows(
+        make_app: Callable[..., pgdurable.App], database_url: str, schema: str,
+        start_worker: Callable[..., ThreadWorker]) -> None:
+    """The caller who enqueues again as soon as it has a result must find the bell armed, or its enqueue rings
+    nobody (and waits for the claim that closes the gap). Each look reads the status and the bell in one
+    snapshot; every look that shows the execution finished must show the bell armed."""
+    app = make_app(poll_seconds=300.0)
+
+    @app.workflow(name="ping")
+    def ping() -> str:
+        return "pong"
+
+    app.migrate()
+    runner = start_worker(app, concurrency=2)
+    look = sql.SQL("SELECT e.status, (SELECT armed FROM {s}.worker_doorbells WHERE queue = 'default' "
+                   "AND worker_id = %s) FROM {s}.workflow_executions e WHERE e.id = %s"
+                   ).format(s=sql.Identifier(schema))
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the worker to arm its bell")
+        for i in range(5):
+            conn.execute("SELECT enqueue_workflow('ping', '{}', 'default', %s)", (f"p{i}",))  # rings, disarms
+            deadline = time.monotonic() + WAIT
+            while True:
+                status, is_armed = conn.execute(look, (runner.worker.id, f"p{i}")).fetchone()
+                if status == "succeeded":
+                    assert is_armed, f"p{i} finished before the worker's bell was armed"
+                    break
+                assert time.monotonic() < deadline, f"p{i} did not finish"
+    runner.stop()
 
 
 def test_work_that_slipped_past_the_bell_is_found_by_the_idle_backoff(

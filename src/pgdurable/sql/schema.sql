@@ -477,12 +477,11 @@ $$;
 
 -- Doorbells: PostgreSQL serialises the commits of notifying transactions (one lock, held through the
 -- commit's WAL flush), so wake-ups must not ride on every enqueue of an application's transactions. A
--- worker arms a bell per queue when it is about to sleep (worker/producer.py) and disarms it when it claims
--- work again; an enqueue notifies only while a bell of its queue is armed, and only reads it (no row lock, no
--- write in the application's transaction): about one NOTIFY per worker's sleep, none while the workers are
--- busy (they claim again without being told). A transaction that checked the bell just before a worker
--- armed it, and committed after that worker's last claim, wakes nobody: the sleeping worker re-claims on a
--- backoff that starts at 50 ms, so such work waits about as long as its transaction was open.
+-- worker arms a bell per queue when it is about to sleep (worker/producer.py); an enqueue notifies only if
+-- it disarms an armed bell: one NOTIFY per worker's sleep, none while the workers are busy (they claim
+-- again without being told). A transaction that checked the bell just before a worker armed it, and
+-- committed after that worker's last claim, wakes nobody: the sleeping worker re-claims on a backoff that
+-- starts at 50 ms, so such work waits about as long as its transaction was open.
 CREATE TABLE worker_doorbells (
     queue     text    NOT NULL,
     worker_id text    NOT NULL,
@@ -490,9 +489,9 @@ CREATE TABLE worker_doorbells (
     PRIMARY KEY (queue, worker_id)
 ) WITH (fillfactor = 50);
 
--- Ring the armed bells of these queues: NOTIFY each queue that has one. The bells stay armed until their
--- workers claim (the worker disarms its own), so enqueues never lock or write them, nor wait for each other
--- or for a worker arming its bell. Returns how many queues were notified.
+-- Ring the armed bells of these queues: disarm them and NOTIFY each queue that had one. A bell another
+-- transaction is ringing right now is skipped (its NOTIFY wakes the same workers), so concurrent enqueuers
+-- never wait for each other here. Returns how many queues were notified.
 -- (PL/pgSQL, not SQL, with one generic plan: an enqueue's trigger calls it, and PostgreSQL would otherwise
 -- plan its statement anew for each array of queues, at about 0.1 ms a time.)
 CREATE FUNCTION ring_doorbells(queues text[]) RETURNS bigint
@@ -503,8 +502,16 @@ AS $$
 DECLARE
     notified bigint;
 BEGIN
+    WITH rung AS (
+        UPDATE worker_doorbells d SET armed = false
+        FROM (SELECT b.queue, b.worker_id FROM worker_doorbells b
+              WHERE b.queue = ANY (queues) AND b.armed
+              FOR UPDATE SKIP LOCKED) AS r
+        WHERE d.queue = r.queue AND d.worker_id = r.worker_id
+        RETURNING d.queue
+    )
     SELECT count(pg_notify(notify_channel('work'), q.queue)) INTO notified
-    FROM (SELECT DISTINCT b.queue FROM worker_doorbells b WHERE b.queue = ANY (queues) AND b.armed) AS q;
+    FROM (SELECT DISTINCT queue FROM rung) AS q;
     RETURN notified;
 END;
 $$;

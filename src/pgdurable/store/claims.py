@@ -38,12 +38,11 @@ def start_owned(*, id: str, name: str, queue: str, priority: int, input: str, ma
 
 def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
           version: str, adopt: float | None = None, bucket: int | None = None,
-          bell: bool = False) -> Call[list[Claimed]]:
+          arm: bool = False) -> Call[list[Claimed]]:
     """``bucket``: on a Citus schema, the one bucket to claim in (the producer rotates over them).
-    ``bell``: the owner's doorbell for the queue follows what the claim finds: armed if nothing, disarmed if
-    any (single node only)."""
+    ``arm``: a claim that finds nothing also arms the owner's doorbell for the queue (single node only)."""
     return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
-                          "version": version, "adopt": adopt, "bucket": bucket, "bell": bell}, every,
+                          "version": version, "adopt": adopt, "bucket": bucket, "arm": arm}, every,
                 row_factory=class_row(Claimed))
 
 

@@ -32,11 +32,6 @@ def arm_doorbell(*, id: str, queue: str) -> Call[None]:
     return Call("arm_doorbell", {"id": id, "queue": queue}, nothing)
 
 
-def disarm_doorbell(*, id: str, queue: str) -> Call[None]:
-    """The worker is busy on this queue again: enqueues into it need not notify."""
-    return Call("disarm_doorbell", {"id": id, "queue": queue}, nothing)
-
-
 def list_workers() -> Call[list[tuple[Any, ...]]]:
     return Call("list_workers", {}, every)
 

@@ -17,23 +17,17 @@ producer claims again a moment later or when a slot frees (so as not to compete 
 statements), and that claim arms if it finds nothing. (Arming in a claim that found work put a write on the
 path from enqueue to start; without it, bench/compare_commits.sh gave a median enqueue->claim p50 of 1.64
 against 1.75 ms and A 689 against 610 workflows/s over six interleaved pairs: a small gain, within this
-machine's noise.)
-
-When the queue ran dry and the worker completes its last execution of it, the completion arms the bell in its
-own statement (``arm_with_completion``): whoever waits for that result and enqueues again as soon as it has it
-finds the bell armed. Armed by the claim after the completion, the bell raced that enqueue, which often looked
-at it just before it was armed, rang nobody, and waited for the claim closing the gap (in part C of
-bench/throughput.py, 45% of the round trips: "Arming with the completion" in docs/benchmarks.md). One claim,
-``GAP_SECONDS`` after such a completion, closes its gap.
-
-An enqueue into the queue that sees an armed bell sends one NOTIFY; it only reads the bell (no row lock, no
-write in the application's transaction). The producer disarms it: on a single node the claim that finds work
-does (the claim keeps the bell in step with what it found), elsewhere a statement of its own after a ring or
-when it has no room. A busy producer claims again on its own and needs no bell. One case still escapes the
-bell: a transaction that looked at the bell just before it was armed and committed after the claim closing the
-gap (a long application transaction, a slow commit); the sleeping producer re-claims on a backoff (50 ms,
-doubling up to the poll interval while the queue stays empty, back to 50 ms after any work), so such work waits
-tens of milliseconds, never a whole poll interval.
+machine's noise.) When the queue ran dry and the worker completes its last execution of it, that completion
+arms the bell in its own statement (``arm_with_completion``), and one claim ``GAP_SECONDS`` later closes its
+gap: whoever waits for that result and enqueues again as soon as it has it then finds the bell armed. Armed by
+the claim after the completion, the bell raced that enqueue, which often looked at it just before it was
+armed, rang nobody, and waited for the claim closing the gap ("Arming with the completion" in
+docs/benchmarks.md). The next enqueue into the queue rings the bell (one NOTIFY) and disarms it. A busy producer
+claims again on its own and needs no bell. One case still escapes the bell: a transaction that looked at the
+bell just before it was armed and committed after the claim closing the gap (a long application transaction, a
+slow commit); the sleeping producer re-claims on a backoff (50 ms, doubling up to the poll interval while the
+queue stays empty, back to 50 ms after any work), so such work waits tens of milliseconds, never a whole poll
+interval.
 """
 
 from __future__ import annotations
@@ -124,21 +118,19 @@ class Producer:
         self.debouncer = Debouncer(self.COALESCE_SECONDS)
         self.recheck = Backoff(self.POLICY_RECHECK_SECONDS, settings.poll_seconds)
         self.idle = Backoff(self.IDLE_RECHECK_SECONDS, settings.poll_seconds)
-        # Whether this worker's doorbell for the queue is armed. Only this producer's statements change it (an
-        # enqueue that rings only reads it), so the mark is exact once a statement has returned.
+        # Whether this worker's doorbell for the queue is armed (as far as it knows: a NOTIFY for the queue
+        # means some enqueue disarmed it).
         self.armed = False
-        # A NOTIFY for the queue arrived: where claims do not keep the bell in step (Citus, queue limits),
-        # the producer disarms it before claiming, or every enqueue would ring it while the worker is busy.
-        self.rang = False
-        # The bell was armed by the completion of this worker's last execution of the queue (arm_with_completion),
-        # at gap_from (monotonic), and no claim has looked at the queue since: the next claim, GAP_SECONDS
-        # after that (at once on a ring), closes the gap.
+        # The bell was armed by the completion of this worker's last execution of the queue (arm_with_completion)
+        # at gap_from (monotonic), and no claim has looked at the queue since: the next claim, GAP_SECONDS after
+        # that (at once on a ring), closes the gap.
         self.gap_open = False
         self.gap_from = 0.0
-        # Whether the last claim came back short (the queue ran dry as far as this producer could see), and
-        # how many claims were sent (to tell whether one was sent while a completion armed the bell).
+        # Whether the last claim came back short (the queue ran dry as far as this producer could see); how
+        # many claims were sent and rings heard (whether one came while a completion was arming the bell).
         self.last_was_short = False
         self.claims = 0
+        self.rings = 0
         self._wake = asyncio.Event()
         # Waiting for room (no free slot, or the last claim filled its batch): a freed slot wakes it.
         self.hungry = True
@@ -150,34 +142,33 @@ class Producer:
         self._wake.set()
 
     def rung(self) -> None:
-        """A NOTIFY for the queue (an enqueue saw an armed bell, or the listener reconnected): wake up."""
-        self.rang = True
+        """A NOTIFY for the queue: its doorbells were rung (disarmed); wake up."""
+        self.armed = False
+        self.rings += 1
         self._wake.set()
 
     def slot_freed(self) -> None:
         if self.hungry:
             self._wake.set()
 
-    def keeps_bell_in_step(self) -> bool:
-        """Whether this queue's claims keep the doorbell in step (a single node, no limits claimed in SQL)."""
+    def arms_in_claim(self) -> bool:
+        """Whether this queue's claim arms the bell itself (a single node, no limits claimed in SQL)."""
         policy = self.policies().get(self.queue)
         return not (policy is not None and policy.claims_in_sql) and self._buckets() is None
 
     def arm_with_completion(self) -> Callable[[bool], None] | None:
-        """The worker is about to complete its last running execution of this queue. If the queue ran dry,
-        the bell is armed in that completion's transaction: whoever waits for the result, and enqueues again
-        as soon as it has it, then finds the bell armed. Armed by the claim that follows instead, it would
-        race that enqueue, which would often look at the bell just before the claim armed it, ring nobody,
-        and wait for the claim that closes the gap (GAP_SECONDS). Returns what to call with whether the
-        completion committed, or None if this completion arms nothing."""
-        if self.armed or not self.last_was_short or not self.keeps_bell_in_step() or self._stopping.is_set():
+        """The worker is about to complete its last running execution of this queue. If the queue ran dry (and
+        claims arm the bell here), that completion arms the bell in its own statement, so that it is armed
+        before anyone hears of the result. Returns what to call with whether the completion committed, or
+        None if it arms nothing."""
+        if self.armed or not self.last_was_short or not self.arms_in_claim() or self._stopping.is_set():
             return None
-        sent = self.claims
+        claims, rings = self.claims, self.rings
 
         def written(committed: bool) -> None:
-            # A claim sent meanwhile kept the bell in step with what it found, after or before this arming
-            # committed: its own result decides the mark (a bell left armed only wakes this producer once).
-            if committed and self.claims == sent:
+            # A claim sent meanwhile decides the mark (it arms the bell itself if it finds nothing), and a ring
+            # heard meanwhile disarmed the bell again: marked armed then, nobody would ring it any more.
+            if committed and self.claims == claims and self.rings == rings:
                 self.armed = self.gap_open = True
                 self.gap_from = time.monotonic()
         return written
@@ -199,9 +190,9 @@ class Producer:
         while not self._stopping.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
-            if self.gap_open and not self.rang:
-                # The queue ran dry and a completion armed the bell: an enqueue in flight then may have looked
-                # at the bell before; claim once it has committed, or at once on a ring.
+            if self.gap_open and self.armed:
+                # A completion armed the bell: an enqueue in flight as it committed may have looked at the bell
+                # before; claim once that has committed (a ring, which disarms the bell, brings the claim at once).
                 pause = self.gap_from + self.GAP_SECONDS - time.monotonic()
                 if pause > 0:
                     await self._sleep(pause)
@@ -215,13 +206,6 @@ class Producer:
             policy = self.policies().get(self.queue)
             if limit > 0 and policy is not None and policy.worker_concurrency is not None:
                 limit = min(limit, policy.worker_concurrency - executor.count(self.queue))
-            in_sql = policy is not None and policy.claims_in_sql
-            # A plain claim on a single node keeps the doorbell in step with what it finds (armed if nothing,
-            # disarmed if any), saving a statement's round trip and commit either way.
-            in_step = self.keeps_bell_in_step()
-            if self.armed and (limit <= 0 or (self.rang and not in_step)):
-                await self._disarm()  # woken, and about to claim or to wait for room: no more rings needed
-            self.rang = False
             if limit <= 0:
                 self.hungry = True
                 await self._sleep(self.settings.poll_seconds)
@@ -229,17 +213,20 @@ class Producer:
             closing_gap = False
             self.debouncer.fired()
             started = time.monotonic()
+            in_sql = policy is not None and policy.claims_in_sql
             claim = store.claims.claim_with_policy if in_sql else store.claims.claim
-            # Whether this claim arms the bell if it finds nothing (it was not armed before), or closes the gap
-            # after a completion armed it.
-            arming, gap_open = in_step and not self.armed, self.gap_open
-            self.gap_open = False
+            # A plain claim on a single node arms the doorbell itself if it finds nothing, saving the
+            # arming statement's round trip and commit. Marked armed first, for the reason given in _arm.
+            arming = not self.armed and not in_sql and self._buckets() is None
+            if arming:
+                self.armed = True
+            gap_open, self.gap_open = self.gap_open, False
             self.claims += 1
             executor.reserved += limit  # until the claimed are running: other producers see them taken
             retry, claimed = 0.0, list[store.claims.Claimed]()
             try:
                 try:
-                    claimed = await self._claim(claim, limit, in_step)
+                    claimed = await self._claim(claim, limit, arming)
                 except psycopg.OperationalError as exc:
                     # A lost connection (server restart, terminated backend): the pool drops it, and others
                     # it holds may be dead too. Retry soon, backing off while the server stays away.
@@ -255,8 +242,8 @@ class Producer:
                     self.last_was_short = len(claimed) < limit
                     found_since_sleep = found_since_sleep or bool(claimed)
                     lost_connections = 0
-                    if in_step:
-                        self.armed = not claimed
+                    if arming and claimed:
+                        self.armed = False  # found work: the statement left the bell as it was
                     if in_sql:
                         if self.last_was_short:
                             self.recheck.again(found_nothing=not claimed)
@@ -266,6 +253,8 @@ class Producer:
                         retry = 1.0  # as after a failed claim
             finally:
                 executor.reserved -= limit
+                if arming and retry:
+                    self.armed = False  # the claim failed, and its arming with it
             if retry:
                 self.gap_open = self.gap_open or gap_open  # nothing looked at the queue
                 await asyncio.sleep(retry)
@@ -275,7 +264,7 @@ class Producer:
                 self.idle.reset()
                 continue  # there may be more waiting
             self.hungry = False
-            if arming or (in_step and claimed):
+            if arming:
                 closing_gap = True
                 if claimed:
                     # Just handed work: close the gap a moment later (a freed slot or a ring wakes it sooner),
@@ -297,11 +286,11 @@ class Producer:
             await self._sleep(min(poll, self.recheck.delay or poll, self.idle.delay or poll))
 
     async def _claim(self, claim: Callable[..., store.Call[list[store.claims.Claimed]]],
-                     limit: int, bell: bool = False) -> list[store.claims.Claimed]:
+                     limit: int, arm: bool = False) -> list[store.claims.Claimed]:
         def call(n: int, bucket: int | None = None) -> store.Call[list[store.claims.Claimed]]:
             return claim(queue=self.queue, names=self.names, owner=self.worker_id, lease=self.settings.lease_seconds,
                          limit=n, version=self.version, adopt=self.settings.adopt_after_seconds,
-                         **({} if bucket is None else {"bucket": bucket}), **({"bell": True} if bell else {}))
+                         **({} if bucket is None else {"bucket": bucket}), **({"arm": True} if arm else {}))
 
         if self._cursor is None:
             buckets = self._buckets()
@@ -318,18 +307,15 @@ class Producer:
         return await self._cursor.claim(claim_in, limit, probe)
 
     async def _arm(self) -> bool:
+        # Marked armed before the statement: an enqueue may ring the bell as soon as the statement commits,
+        # and its NOTIFY may be handled (rung() clears the mark) before the statement returns here. Marked
+        # after, that ring would be forgotten: the producer would believe its bell armed while nobody could
+        # ring it again, and each wake-up would wait for the idle re-check (50 ms) until the next NOTIFY.
+        self.armed = True
         try:
             await self._run(store.workers.arm_doorbell(id=self.worker_id, queue=self.queue))
         except Exception as exc:  # the poll (and the next round) still find the work
+            self.armed = False
             log.warning("worker %s: could not arm the doorbell of queue %s (%s)", self.worker_id, self.queue, exc)
             return False
-        self.armed = True
         return True
-
-    async def _disarm(self) -> None:
-        try:
-            await self._run(store.workers.disarm_doorbell(id=self.worker_id, queue=self.queue))
-        except Exception as exc:  # still armed: enqueues keep ringing it, which wakes this producer needlessly
-            log.warning("worker %s: could not disarm the doorbell of queue %s (%s)", self.worker_id, self.queue, exc)
-            return
-        self.armed = False

@@ -85,10 +85,9 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- execution with a timeout.
 -- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
 -- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
--- With %(bell)s, the claim keeps this worker's doorbell for the queue in step with what it found, in the same
--- round trip and commit: a claim that finds nothing arms it (see arm_doorbell: the producer is about to
--- sleep), one that finds work disarms it if it was armed (the first claim after a ring; an enqueue that
--- rings only reads the bell). Otherwise the bell is left alone, unwritten.
+-- With %(arm)s, a claim that finds nothing (the queue ran dry) also arms this worker's doorbell for the
+-- queue (see arm_doorbell), in the same round trip and commit: the producer is about to sleep. A claim that
+-- finds work writes nothing more: its commit is on the path from enqueue to start.
 WITH clock AS MATERIALIZED (
     SELECT clock_now() AS now
 ), picked AS (
@@ -107,14 +106,14 @@ WITH clock AS MATERIALIZED (
     ORDER BY priority, seq
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
-), bell AS (
-    UPDATE worker_doorbells SET armed = NOT EXISTS (SELECT FROM picked)
-    WHERE queue = %(queue)s AND worker_id = %(owner)s AND %(bell)s
-      AND armed = EXISTS (SELECT FROM picked)
+), armed AS (  -- as arm_doorbell: a bell already armed is left alone, unlocked
+    UPDATE worker_doorbells SET armed = true
+    WHERE queue = %(queue)s AND worker_id = %(owner)s AND NOT armed
+      AND %(arm)s AND NOT EXISTS (SELECT FROM picked)
 ), installed AS (
     INSERT INTO worker_doorbells (queue, worker_id)
     SELECT %(queue)s, %(owner)s
-    WHERE %(bell)s AND NOT EXISTS (SELECT FROM picked)
+    WHERE %(arm)s AND NOT EXISTS (SELECT FROM picked)
       AND NOT EXISTS (SELECT FROM worker_doorbells WHERE queue = %(queue)s AND worker_id = %(owner)s)
     ON CONFLICT DO NOTHING
 )

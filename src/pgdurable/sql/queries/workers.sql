@@ -21,8 +21,10 @@ WITH gone AS (DELETE FROM workers WHERE heartbeat_at < now() - interval '1 hour'
 DELETE FROM worker_doorbells WHERE worker_id IN (SELECT id FROM gone);
 
 -- name: arm_doorbell
--- The worker is about to sleep on this queue: enqueues into it notify (ring_doorbells) until it disarms the
--- bell. A bell already armed is left alone (no write).
+-- The worker is about to sleep on this queue: the next enqueue into it notifies (ring_doorbells).
+-- A bell already armed is left alone and unlocked: an enqueue rings with FOR UPDATE SKIP LOCKED, and a bell
+-- locked by a needless re-arming (the worker re-arms after any NOTIFY for the queue, even one for work it
+-- had already claimed) would be skipped, its ring lost.
 WITH armed AS (
     UPDATE worker_doorbells SET armed = true WHERE queue = %(queue)s AND worker_id = %(id)s AND NOT armed
 )
@@ -30,10 +32,6 @@ INSERT INTO worker_doorbells (queue, worker_id)
 SELECT %(queue)s, %(id)s
 WHERE NOT EXISTS (SELECT FROM worker_doorbells WHERE queue = %(queue)s AND worker_id = %(id)s)
 ON CONFLICT DO NOTHING;
-
--- name: disarm_doorbell
--- The worker claims on this queue again (a ring woke it, or it has no room): enqueues need not notify.
-UPDATE worker_doorbells SET armed = false WHERE queue = %(queue)s AND worker_id = %(id)s AND armed;
 
 -- name: list_workers
 SELECT id, hostname, pid, queues, workflows, concurrency, started_at, heartbeat_at,
