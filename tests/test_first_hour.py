@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -368,9 +369,17 @@ def test_fork_refuses_a_step_past_the_recorded_ones(
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the embedded server's unix socket")
-def test_the_embedded_server_stops_when_its_only_user_is_sigkilled(tmp_path: Path) -> None:
+def test_the_embedded_server_stops_when_its_only_user_is_sigkilled() -> None:
     """A worker on the embedded server starts quietly (one line says where the data is), and the server it
     started does not outlive it when it is SIGKILLed: the watchdog stops it."""
+    # Not under pytest's tmp_path: run as root, the embedded server runs as another user, and every pytest
+    # process that starts (CI runs several side by side) makes /tmp/pytest-of-root private again, so that
+    # user could lose its way to the data directory mid-test (pg_ctl: "Permission denied", once in CI).
+    with tempfile.TemporaryDirectory(prefix="pgdurable-test-watch") as scratch:
+        _embedded_server_stops_when_its_only_user_is_sigkilled(Path(scratch))
+
+
+def _embedded_server_stops_when_its_only_user_is_sigkilled(tmp_path: Path) -> None:
     data = tmp_path / "pgdata"
     env = {k: v for k, v in os.environ.items() if k not in ("PGDURABLE_DATABASE_URL", "DATABASE_URL")}
     log = tmp_path / "worker.log"
