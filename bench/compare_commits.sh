@@ -15,11 +15,13 @@ for rev in "$@"; do
   for _ in 1 2; do
     PYTHONPATH="$tree/src" timeout 300 .venv/bin/python bench/throughput.py 1000 --parts AC --roundtrips 400 >"$out" 2>&1
     rt=$(grep -oE "round trip.*p50 [0-9.]+ ms" "$out" | grep -oE "p50 [0-9.]+" | cut -d' ' -f2)
+    call=$(grep "C detail" "$out" | grep -oE "enqueue call p50 [0-9.]+" | grep -oE "[0-9.]+$")
     claim=$(grep "C detail" "$out" | grep -oE "enqueue->claim \(db clock\) p50 [0-9.]+" | grep -oE "[0-9.]+$")
+    claim90=$(grep "C detail" "$out" | grep -oE "enqueue->claim \(db clock\) p50 [0-9.]+ ms p90 [0-9.]+" | grep -oE "[0-9.]+$")
     run=$(grep "C detail" "$out" | grep -oE "claim->completed p50 [0-9.]+" | grep -oE "[0-9.]+$")
     seen=$(grep "C detail" "$out" | grep -oE "result seen p50 [0-9.]+" | grep -oE "[0-9.]+$")
     rates=$(grep -oE "enqueue [0-9]+/s, [0-9]+ workflows/s" "$out")
-    line="$line [C round trip p50 $rt ms, enqueue->claim p50 $claim ms, claim->completed $run, completed->seen $seen; A $rates]"
+    line="$line [C round trip p50 $rt ms: enqueue call $call, enqueue->claim $claim (p90 $claim90), claim->completed $run, completed->seen $seen; A $rates]"
   done
   echo "$line"
 done
