@@ -47,6 +47,7 @@ class FakeDatabase:
         self.error: type[psycopg.Error] = errors.InvalidTextRepresentation
         self.fail: BaseException | None = None
         self.statements: list[list[list[Any]]] = []  # the rows of every write statement, in order
+        self.bells: list[list[list[str]]] = []  # the doorbells armed by every completion statement, in order
         self.after_statement: Callable[[], None] = lambda: None
         self._txn: list[Callable[[], None]] | None = None
 
@@ -59,6 +60,8 @@ class FakeDatabase:
         if "rows" in params:
             rows = json.loads(params["rows"])
             self.statements.append(rows)
+            if "bells" in params:
+                self.bells.append(json.loads(params["bells"]))
             try:
                 if any(self.refuse(row) for row in rows):
                     raise self.error("invalid input syntax for type json")

@@ -295,3 +295,27 @@ def _outcome(waiter: ThreadWaiter) -> tuple[Any, BaseException | None]:
         return waiter.result(), None
     except BaseException as exc:
         return None, exc
+
+
+# ---- doorbells armed with completions -------------------------------------------------------------------------
+
+def test_a_completion_arms_its_doorbell_in_the_completions_statement_once() -> None:
+    """The bells of a batch's completions go with the statement that writes them (one transaction), each
+    once; a batch whose completions arm nothing passes an empty list."""
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1), ("e3", 1)})
+    first, second = done("e1", 1), done("e2", 1)
+    first.bell = second.bell = ("w1", "q")
+    assert results(run_plan(db, [step("e3", 1, 0), first, second])) == [True, True, True]
+    assert db.bells == [[["w1", "q"]]]
+    assert results(run_plan(db, [done("e3", 1)])) == [True]
+    assert db.bells == [[["w1", "q"]], []]
+
+
+def test_a_bell_follows_its_completion_when_a_refused_batch_is_split() -> None:
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
+    db.refuse = lambda row: row[0] == "e2"
+    armed = done("e1", 1)
+    armed.bell = ("w1", "q")
+    outcomes = run_plan(db, [armed, done("e2", 1)])
+    assert outcomes[0] == (True, None) and isinstance(outcomes[1][1], SerializationError)
+    assert db.bells == [[["w1", "q"]], [["w1", "q"]], []]  # the batch, then each completion alone
