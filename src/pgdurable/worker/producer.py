@@ -151,9 +151,8 @@ class Producer:
         if self.hungry:
             self._wake.set()
 
-    def arms_in_claim(self) -> bool:
+    def _arms_in_claim(self, policy: store.queues.QueuePolicy | None) -> bool:
         """Whether this queue's claim arms the bell itself (a single node, no limits claimed in SQL)."""
-        policy = self.policies().get(self.queue)
         return not (policy is not None and policy.claims_in_sql) and self._buckets() is None
 
     def arm_with_completion(self) -> Callable[[bool], None] | None:
@@ -161,7 +160,8 @@ class Producer:
         claims arm the bell here), that completion arms the bell in its own statement, so that it is armed
         before anyone hears of the result. Returns what to call with whether the completion committed, or
         None if it arms nothing."""
-        if self.armed or not self.last_was_short or not self.arms_in_claim() or self._stopping.is_set():
+        if (self.armed or not self.last_was_short or self._stopping.is_set()
+                or not self._arms_in_claim(self.policies().get(self.queue))):
             return None
         claims, rings = self.claims, self.rings
 
@@ -217,7 +217,7 @@ class Producer:
             claim = store.claims.claim_with_policy if in_sql else store.claims.claim
             # A plain claim on a single node arms the doorbell itself if it finds nothing, saving the
             # arming statement's round trip and commit. Marked armed first, for the reason given in _arm.
-            arming = not self.armed and not in_sql and self._buckets() is None
+            arming = not self.armed and self._arms_in_claim(policy)
             if arming:
                 self.armed = True
             gap_open, self.gap_open = self.gap_open, False
