@@ -159,8 +159,10 @@ class Producer:
         """The worker is about to complete its last running execution of this queue. If the queue ran dry (and
         claims arm the bell here), that completion arms the bell in its own statement, so that it is armed
         before anyone hears of the result. Returns what to call with whether the completion committed, or
-        None if it arms nothing."""
-        if (self.armed or not self.last_was_short or self._stopping.is_set()
+        None if it arms nothing. It arms even if the producer believes its bell armed: an enqueue may have
+        rung it (disarmed it) and been claimed before its NOTIFY arrived here; on an armed bell the arming
+        writes nothing."""
+        if (not self.last_was_short or self._stopping.is_set()
                 or not self._arms_in_claim(self.policies().get(self.queue))):
             return None
         claims, rings = self.claims, self.rings
