@@ -5,6 +5,7 @@ serialises."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -14,18 +15,21 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 import pgdurable
 from pgdurable import channels, store
+from pgdurable.completions import parse_result
 from pgdurable.sqlfiles import query as _query
 from tests.conftest import ThreadWorker
 from tests.harness import WAIT, wait_for
 
 
-def _listener(database_url: str, schema: str, kind: channels.Kind) -> Iterator[Callable[[], list[str]]]:
-    """A connection listening on one of the schema's channels; calling what it yields returns what arrived."""
+def _listener(database_url: str, schema: str, *kinds: channels.Kind) -> Iterator[Callable[[], list[str]]]:
+    """A connection listening on some of the schema's channels; calling what it yields returns the payloads
+    that arrived."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(channels.listen(schema, kind))
+        conn.execute(channels.listen(schema, *kinds))
 
         def received() -> list[str]:
             conn.execute("SELECT 1")  # let pending notifications in
@@ -41,8 +45,25 @@ def listening(database_url: str, schema: str, db: psycopg.Connection[Any]) -> It
 
 @pytest.fixture
 def done_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
-    """What arrived on the done channel (result waiters)."""
+    """The ids of the finished executions whose waiters were notified (on the result channel, with the
+    outcome, or on the done channel, with the id alone)."""
+    for received in _listener(database_url, schema, "done", "result"):
+
+        def ids(received: Callable[[], list[str]] = received) -> list[str]:
+            return [payload if not payload.startswith("[") else parse_result(payload)[0] for payload in received()]
+        yield ids
+
+
+@pytest.fixture
+def id_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    """What arrived on the done channel alone (waiters of the previous release: the id)."""
     yield from _listener(database_url, schema, "done")
+
+
+@pytest.fixture
+def result_channel(database_url: str, schema: str, db: psycopg.Connection[Any]) -> Iterator[Callable[[], list[str]]]:
+    """What arrived on the result channel (waiters handed the outcome)."""
+    yield from _listener(database_url, schema, "result")
 
 
 def enqueue_sql(conn: psycopg.Connection[Any], queue: str = "q", name: str = "nobody") -> None:
@@ -232,6 +253,39 @@ def test_only_an_awaited_execution_notifies_when_it_finishes(db: psycopg.Connect
     assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
 
 
+def test_the_completion_hands_the_outcome_to_a_waiter_that_asked_for_it(
+        db: psycopg.Connection[Any], result_channel: Callable[[], list[str]],
+        id_channel: Callable[[], list[str]]) -> None:
+    """A registration of await_execution_v2(id, true) is notified on the result channel with the outcome as
+    stored (a read would return the same); one of the previous release's await_execution_v1 on the done
+    channel with the id; an outcome too long for a NOTIFY payload is left for the waiter to read."""
+    ids = ["ok", 'quote"and\nnewline', "none", "failed", "big", "old", "both"]
+    for id_ in ids:
+        db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', %s)", (id_,))
+    for id_ in ids:
+        if id_ != "old":
+            db.execute("SELECT * FROM await_execution_v2(%s, true)", (id_,))
+        if id_ in ("old", "both"):
+            db.execute("SELECT * FROM await_execution_v1(%s)", (id_,))
+    big = {"text": "é" * 5000}  # 10,000 bytes in UTF-8
+    outputs = {"ok": {"n": [1, 2.5, "x\ny"]}, 'quote"and\nnewline': "ünïcode", "big": big, "old": 1, "both": 2}
+    for id_, output in outputs.items():
+        db.execute("UPDATE workflow_executions SET status = 'succeeded', output = %s WHERE id = %s",
+                   (Jsonb(output), id_))
+    db.execute("UPDATE workflow_executions SET status = 'succeeded', output = NULL WHERE id = 'none'")
+    db.execute("""UPDATE workflow_executions SET status = 'failed', error = '{"type": "E", "message": "m"}'"""
+               " WHERE id = 'failed'")
+    carried = {parse_result(payload)[0]: parse_result(payload)[1] for payload in result_channel()}
+    read = {id_: db.execute("SELECT status, output::text, error::text FROM workflow_executions WHERE id = %s",
+                            (id_,)).fetchone() for id_ in ids}  # as the engine reads jsonb: its text
+    assert carried == {id_: read[id_] for id_ in ("ok", 'quote"and\nnewline', "none", "failed", "both")} | {
+        "big": None}
+    assert carried["none"] == ("succeeded", None, None)
+    assert carried["failed"] == ("failed", None, '{"type": "E", "message": "m"}')
+    assert sorted(id_channel()) == ["both", "old"]
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+
+
 def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str, schema: str,
                                                                db: psycopg.Connection[Any],
                                                                done_channel: Callable[[], list[str]]) -> None:
@@ -396,3 +450,60 @@ def test_a_stream_reader_is_woken_when_its_workflow_ends_without_closing_the_str
     reader.join(WAIT)
     assert not reader.is_alive() and read == [1]
     assert handle.workflow_id in done_channel()  # the end of the workflow woke the reader
+
+
+def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable[..., pgdurable.App],
+                                                              start_worker: Callable[..., ThreadWorker]) -> None:
+    """Outcomes handed over in the notification (small ones, None, failures) and one too long for it (read
+    after the notification), to sync and async waits started before the workflows finish."""
+    app = make_app()
+    release = threading.Event()
+
+    @app.workflow(name="answer")
+    def answer(kind: str) -> Any:
+        release.wait(WAIT)
+        if kind == "fail":
+            raise ValueError("no ünïcode luck")
+        return {"small": {"n": [1, 2.5, "x\ny"]}, "none": None, "big": "é" * 6000}[kind]
+
+    start_worker(app, concurrency=8)
+    kinds = ["small", "none", "big", "fail"]
+    handles = {kind: app.enqueue(answer, kind) for kind in kinds}
+    seen: dict[str, Any] = {}
+
+    def wait(kind: str) -> None:
+        try:
+            seen[kind] = handles[kind].result(timeout=WAIT)
+        except pgdurable.WorkflowFailed as failed:
+            seen[kind] = failed
+
+    async def wait_async(kind: str) -> Any:
+        try:
+            return await handles[kind].result_async(timeout=WAIT)
+        except pgdurable.WorkflowFailed as failed:
+            return failed
+
+    waiting = [threading.Thread(target=wait, args=(kind,)) for kind in kinds]
+    for thread in waiting:
+        thread.start()
+    seen_async: list[Any] = []
+    waiting_async = threading.Thread(target=lambda: seen_async.extend(asyncio.run(_gather(wait_async, kinds))))
+    waiting_async.start()
+    with psycopg.connect(app.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (4,), WAIT,
+                 "the waits to register")
+    release.set()
+    for thread in [*waiting, waiting_async]:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    for outcomes in (seen, dict(zip(kinds, seen_async, strict=True))):
+        assert outcomes["small"] == {"n": [1, 2.5, "x\ny"]}
+        assert outcomes["none"] is None
+        assert outcomes["big"] == "é" * 6000
+        assert isinstance(outcomes["fail"], pgdurable.WorkflowFailed)
+        assert "no ünïcode luck" in str(outcomes["fail"])
+
+
+async def _gather(wait: Callable[[str], Any], kinds: list[str]) -> list[Any]:
+    return list(await asyncio.gather(*(wait(kind) for kind in kinds)))

@@ -10,12 +10,13 @@ from typing import Final, Literal
 
 from psycopg import sql
 
-Kind = Literal["work", "done", "stop", "event", "schedules"]
+Kind = Literal["work", "done", "result", "stop", "event", "schedules"]
 
-# work: an execution became enqueued (payload: its queue); done: one finished (payload: its id); stop: a
-# running one was cancelled or timed out (payload: its id); event: one published an event (payload: its
-# id); schedules: a schedule may be due sooner than planned (payload: empty).
-KINDS: Final[tuple[Kind, ...]] = ("work", "done", "stop", "event", "schedules")
+# work: an execution became enqueued (payload: its queue); done: one finished (payload: its id); result:
+# one finished (payload: its id, status and outcome, see completions.parse_result); stop: a running one was
+# cancelled or timed out (payload: its id); event: one published an event (payload: its id); schedules: a
+# schedule may be due sooner than planned (payload: empty).
+KINDS: Final[tuple[Kind, ...]] = ("work", "done", "result", "stop", "event", "schedules")
 
 
 def channel(schema: str, kind: Kind) -> str:

@@ -95,7 +95,7 @@ class WorkflowHandle(Generic[R]):
         look, which registers an unfinished execution as awaited (only then does its completion notify).
         Not yet: look first, and only if it is unfinished listen and look again, registering (a completion
         between the two looks is seen by the second). Then sleep until notified or the re-check interval,
-        and look, until the deadline."""
+        and look, until the deadline; a notification that carried the outcome spares the look."""
         deadline = None if timeout is None else time.monotonic() + timeout
         subscribed = yield Listen(self.workflow_id, if_listening=True)
         look = store.executions.await_status if subscribed else store.executions.get_status
@@ -106,8 +106,9 @@ class WorkflowHandle(Generic[R]):
         while not self._is_final(outcome):
             if deadline is not None and deadline - time.monotonic() <= 0:
                 raise ResultTimeout((yield from self._timeout_message(timeout)))
-            yield Nap(self._wait_time(deadline))
-            outcome = yield from self._status(deadline, store.executions.get_status)
+            carried: Status = yield Nap(self._wait_time(deadline))
+            outcome = carried if carried is not None else (yield from self._status(deadline,
+                                                                                   store.executions.get_status))
         assert outcome is not None
         return outcome
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -22,20 +23,42 @@ log = logging.getLogger("pgdurable")
 T = TypeVar("T")
 
 
+# An execution's (status, output, error) as its row holds them (output and error: jsonb's text), or as the
+# completion's notification carried them.
+Outcome = tuple[str, str | None, str | None]
+# Called when an execution may have finished, with the outcome when the notification carried it.
+Wake = Callable[[Outcome | None], None]
+
+
+def parse_result(payload: str) -> tuple[str, Outcome | None]:
+    """The execution id and outcome of a "_result" notification: a JSON array [id, status], a newline, then
+    the output of a success or the error of a failure as stored (nothing for NULL); or [id] alone when the
+    outcome did not fit in a payload (see notify_execution_change in sql/schema.sql)."""
+    header, _, body = payload.partition("\n")
+    fields = json.loads(header)
+    if len(fields) < 2:
+        return fields[0], None
+    execution_id, status = fields[0], fields[1]
+    stored = body or None
+    return execution_id, (status, stored, None) if status == "succeeded" else (status, None, stored)
+
+
 class CompletionListener:
     """One LISTEN connection per application, in a daemon thread, that wakes whoever waits on an execution: for its
-    completion (key: its id) or for an event it publishes (key: ``event_key(id)``)."""
+    completion (key: its id; the wake is handed the outcome when the notification carries it) or for an event
+    it publishes (key: ``event_key(id)``)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[Callable[[], None]]] = {}
+        self._waiters: dict[str, set[Wake]] = {}
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
         self._stopped = threading.Event()
 
-    def subscribe(self, execution_id: str, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake`` whenever the execution may have finished. Returns the unsubscribe function."""
+    def subscribe(self, execution_id: str, wake: Wake) -> Callable[[], None]:
+        """Call ``wake`` whenever the execution may have finished (or, for an event key, published). Returns the
+        unsubscribe function."""
         self._ensure_running()
         with self._lock:
             self._waiters.setdefault(execution_id, set()).add(wake)
@@ -66,24 +89,20 @@ class CompletionListener:
         with self._lock:
             callbacks = [cb for waiters in self._waiters.values() for cb in waiters]
         for callback in callbacks:
-            callback()
+            callback(None)
 
     def _loop(self) -> None:
         schema = self._db.schema
-        done = channels.channel(schema, "done")
+        done, result = channels.channel(schema, "done"), channels.channel(schema, "result")
         while not self._stopped.is_set():
             try:
                 with self._db.connect() as conn:
-                    conn.execute(channels.listen(schema, "done", "event"))
+                    conn.execute(channels.listen(schema, "done", "result", "event"))
                     self._listening.set()
                     self._wake_all()  # anything may have finished while we were not listening
                     while not self._stopped.is_set():
                         for notice in conn.notifies(timeout=1.0):
-                            key = notice.payload if notice.channel == done else event_key(notice.payload)
-                            with self._lock:
-                                callbacks = list(self._waiters.get(key, ()))
-                            for callback in callbacks:
-                                callback()
+                            self._wake(*_addressed(notice.channel, notice.payload, done, result))
             except Exception as exc:  # connection lost: waiters fall back to re-checking; reconnect
                 if self._stopped.is_set():
                     return
@@ -91,8 +110,25 @@ class CompletionListener:
                 self._listening.set()
                 time.sleep(1.0)
 
+    def _wake(self, key: str, outcome: Outcome | None) -> None:
+        with self._lock:
+            callbacks = list(self._waiters.get(key, ()))
+        for callback in callbacks:
+            callback(outcome)
+
     def stop(self) -> None:
         self._stopped.set()
+
+
+def _addressed(channel: str, payload: str, done: str, result: str) -> tuple[str, Outcome | None]:
+    """Whom a notification wakes (a waiter's key) and the outcome it carries."""
+    if channel == result:
+        try:
+            return parse_result(payload)
+        except (ValueError, IndexError, TypeError):  # not one the trigger sends: wakes nobody (waits re-check)
+            log.warning("ignored a malformed result notification: %.80r", payload)
+            return "", None
+    return (payload, None) if channel == done else (event_key(payload), None)
 
 
 def event_key(execution_id: str) -> str:
@@ -102,9 +138,10 @@ def event_key(execution_id: str) -> str:
 # ---- waiting outside workflows: one plan, two drivers ---------------------------------------------------------
 # A wait for something another process finishes (a result, an event) is written once as a plan that yields
 # store.Calls (read the database), Listen (subscribe to its notifications), Nap (sleep until notified or
-# the time is up) and Pause (back off after a lost connection); wait_sync and wait_async run it. A reader of
-# what another process writes as it goes (a stream) is such a plan too, that also yields Emit (values for its
-# reader): read_sync and read_async run it, handing those values out; the waits are reads that emit nothing.
+# the time is up; the plan is sent the outcome a notification carried, else None) and Pause (back off after
+# a lost connection); wait_sync and wait_async run it. A reader of what another process writes as it goes
+# (a stream) is such a plan too, that also yields Emit (values for its reader): read_sync and read_async run
+# it, handing those values out; the waits are reads that emit nothing.
 
 @dataclass(frozen=True, slots=True)
 class Listen:
@@ -145,6 +182,13 @@ def _kept(plan: Generator[Any, Any, T], outcome: list[T]) -> Generator[Any, Any,
 
 def read_sync(db: Database, listener: CompletionListener, plan: Generator[Any, Any, Any]) -> Iterator[Any]:
     woken = threading.Event()
+    carried: list[Outcome] = []  # what notifications carried since the last nap
+
+    def wake(outcome: Outcome | None) -> None:
+        if outcome is not None:
+            carried.append(outcome)
+        woken.set()
+
     unsubscribes: list[Callable[[], None]] = []
     result: Any = None
     error: BaseException | None = None
@@ -159,13 +203,14 @@ def read_sync(db: Database, listener: CompletionListener, plan: Generator[Any, A
                 yield from effect.values
             elif isinstance(effect, Listen):
                 if not effect.if_listening or listener.listening:
-                    unsubscribes.append(listener.subscribe(effect.key, woken.set))
+                    unsubscribes.append(listener.subscribe(effect.key, wake))
                     result = True
                 else:
                     result = False
             elif isinstance(effect, Nap):
                 woken.wait(effect.seconds)
                 woken.clear()
+                result = _latest(carried)
             elif isinstance(effect, Pause):
                 time.sleep(effect.seconds)
             else:
@@ -181,13 +226,19 @@ async def read_async(db: Database, listener: CompletionListener,
                      plan: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
+    carried: list[Outcome] = []  # what notifications carried since the last nap
     unsubscribes: list[Callable[[], None]] = []
     result: Any = None
     error: BaseException | None = None
 
-    def wake() -> None:
+    def woke(outcome: Outcome | None) -> None:
+        if outcome is not None:
+            carried.append(outcome)
+        woken.set()
+
+    def wake(outcome: Outcome | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(woken.set)
+            loop.call_soon_threadsafe(woke, outcome)
 
     try:
         while True:
@@ -211,6 +262,7 @@ async def read_async(db: Database, listener: CompletionListener,
             elif isinstance(effect, Nap):
                 await wait_event(woken, effect.seconds)
                 woken.clear()
+                result = _latest(carried)
             elif isinstance(effect, Pause):
                 await asyncio.sleep(effect.seconds)
             else:
@@ -220,6 +272,14 @@ async def read_async(db: Database, listener: CompletionListener,
                     error = exc
     finally:
         _unsubscribe(unsubscribes)
+
+
+def _latest(carried: list[Outcome]) -> Outcome | None:
+    """The outcome the last notification carried, if any; the list is emptied. (A plan waits for one
+    execution's completion; a finished execution's outcome does not change.)"""
+    outcome = carried[-1] if carried else None
+    carried.clear()
+    return outcome
 
 
 def _unsubscribe(unsubscribes: list[Callable[[], None]]) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from pgdurable import store, streams
-from pgdurable.completions import Emit, Listen, Nap, read_async, read_sync, wait_async, wait_sync
+from pgdurable.client import WorkflowHandle
+from pgdurable.completions import Emit, Listen, Nap, parse_result, read_async, read_sync, wait_async, wait_sync
 from pgdurable.errors import WorkflowNotFound
 from pgdurable.serialization import JsonSerializer
 from pgdurable.store.messaging import StreamRead
@@ -23,18 +24,18 @@ class FakeListener:
 
     def __init__(self) -> None:
         self.subscribed: list[str] = []
-        self.live: dict[int, tuple[str, Callable[[], None]]] = {}
+        self.live: dict[int, tuple[str, Callable[[Any], None]]] = {}
         self.listening = True
 
-    def subscribe(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+    def subscribe(self, key: str, wake: Callable[[Any], None]) -> Callable[[], None]:
         self.subscribed.append(key)
         token = len(self.subscribed)
         self.live[token] = (key, wake)
         return lambda: self.live.pop(token)
 
-    def notify(self) -> None:
+    def notify(self, outcome: Any = None) -> None:
         for _, wake in list(self.live.values()):
-            wake()
+            wake(outcome)
 
 
 class FakeDatabase:
@@ -138,3 +139,55 @@ def test_reading_the_stream_of_no_execution_fails() -> None:
     with pytest.raises(WorkflowNotFound):
         list(streams.read_stream(runtime, "nobody", "k"))
     assert runtime.completions.live == {}
+
+
+# ---- a result wait handed the outcome by the completion's notification ----------------------------------------
+
+class NotifyingDatabase(FakeDatabase):
+    """After each statement, notifies with the next of ``carried`` (None: a notification without the outcome)."""
+
+    def __init__(self, listener: FakeListener, answers: dict[str, list[Any]], carried: list[Any]) -> None:
+        super().__init__(listener, answers)
+        self.carried = carried
+
+    def run(self, call: store.Call[Any]) -> Any:
+        self.calls.append(call)
+        answer = self.answers[call.name].pop(0)
+        self.listener.notify(self.carried.pop(0))
+        return answer
+
+
+def _handle(db: FakeDatabase) -> WorkflowHandle[Any]:
+    runtime = SimpleNamespace(db=db, completions=db.listener, serializer=JsonSerializer())
+    return WorkflowHandle(runtime, "e")  # type: ignore[arg-type]
+
+
+def test_a_result_wait_takes_the_outcome_the_notification_carried_without_reading() -> None:
+    listener = FakeListener()
+    db = NotifyingDatabase(listener, {"await_status": [("running", None, None)]},
+                           [("succeeded", '{"n": 1}', None)])
+    assert _handle(db)._decode(wait_sync(db, listener, _handle(db)._finished(None))) == {"n": 1}
+    assert [call.name for call in db.calls] == ["await_status"]
+
+
+def test_a_result_wait_reads_the_outcome_when_the_notification_did_not_carry_it() -> None:
+    listener = FakeListener()
+    db = NotifyingDatabase(listener, {"await_status": [("running", None, None)],
+                                      "get_status": [("failed", None, '{"type": "ValueError", "message": "no"}')]},
+                           [None, None])
+    handle = _handle(db)
+    outcome = asyncio.run(wait_async(db, listener, handle._finished(None)))
+    assert outcome == ("failed", None, '{"type": "ValueError", "message": "no"}')
+    assert [call.name for call in db.calls] == ["await_status", "get_status"]
+
+
+@pytest.mark.parametrize(("payload", "expected"), [
+    ('["e-1", "succeeded"]\n{"a": [1, "x\\ny"]}', ("e-1", ("succeeded", '{"a": [1, "x\\ny"]}', None))),
+    ('["e\\n\\"2", "succeeded"]\n', ('e\n"2', ("succeeded", None, None))),
+    ('["e3", "failed"]\n{"type": "KeyError"}', ("e3", ("failed", None, '{"type": "KeyError"}'))),
+    ('["e4", "cancelled"]\n', ("e4", ("cancelled", None, None))),
+    ('["e5"]', ("e5", None)),  # too long for a payload: the waiter reads it
+])
+def test_a_result_notification_is_parsed_into_the_id_and_the_outcome_as_a_read_returns_it(
+        payload: str, expected: tuple[str, Any]) -> None:
+    assert parse_result(payload) == expected

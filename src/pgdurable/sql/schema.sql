@@ -449,16 +449,19 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 -- insert path, insert_executions_v2, and triggers on status changes), not the client, sends these, so that
 -- every writer, in any language, wakes the sleepers; NOTIFY is delivered on commit and
 -- identical payloads within a transaction are folded into one. The channels are "<schema>_<kind>" (kinds:
--- work, done, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
+-- work, done, result, stop, event, schedules), named by notify_channel() here and by channels.py in Python.
 
 -- Executions someone waits for the outcome of (a result wait outside workflows registers its execution
--- before it sleeps): their completion alone sends a NOTIFY ("_done"), so finishing work nobody waits for
--- does not serialise the workers' commits. The registration locks the execution FOR KEY SHARE
--- (await_execution_v1), which orders it with a completion in flight: either the wait sees the finished
--- status, or the completion, which deletes the row, sees the registration.
+-- before it sleeps): their completion alone sends a NOTIFY ("_result" with the outcome, or "_done" with the
+-- id), so finishing work nobody waits for does not serialise the workers' commits. The registration locks
+-- the execution FOR KEY SHARE (await_execution_v2), which orders it with a completion in flight: either the
+-- wait sees the finished status, or the completion, which deletes the row, sees the registration.
 CREATE TABLE awaited_executions (
-    execution_id text        PRIMARY KEY,
-    since        timestamptz NOT NULL DEFAULT now()
+    execution_id text        NOT NULL,
+    since        timestamptz NOT NULL DEFAULT now(),
+    -- Whether the completion's notification carries the outcome ("_result") rather than the id ("_done").
+    carry_result boolean     NOT NULL DEFAULT false,
+    PRIMARY KEY (execution_id, carry_result)
 );
 
 -- The name of the channel of a kind, for this schema (Python: channels.channel(schema, kind)).
@@ -468,7 +471,7 @@ STABLE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF kind IS NULL OR kind NOT IN ('work', 'done', 'stop', 'event', 'schedules') THEN
+    IF kind IS NULL OR kind NOT IN ('work', 'done', 'result', 'stop', 'event', 'schedules') THEN
         RAISE EXCEPTION 'notify_channel: unknown channel kind %', quote_nullable(kind) USING ERRCODE = '22023';
     END IF;
     RETURN current_schema() || '_' || kind;
@@ -523,18 +526,32 @@ CREATE FUNCTION notify_execution_change() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    carried boolean;
+    payload text;
 BEGIN
     IF NEW.status = 'enqueued' THEN
         PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
         -- Only a finished execution someone waits for notifies its waiters (see awaited_executions). A
-        -- waiter registering right now holds the row FOR KEY SHARE (await_execution_v1), which this lock
+        -- waiter registering right now holds the row FOR KEY SHARE (await_execution_v2), which this lock
         -- waits for: the DELETE below, a new statement, then sees its registration.
         PERFORM FROM workflow_executions e WHERE e.id = NEW.id FOR UPDATE;
-        DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id;
-        IF FOUND THEN
-            PERFORM pg_notify(notify_channel('done'), NEW.id);
-        END IF;
+        FOR carried IN DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id RETURNING a.carry_result LOOP
+            IF carried THEN
+                -- A JSON array [id, status], a newline, then the output of a success or the error of a
+                -- failure as stored (jsonb's text; nothing for NULL). An outcome too long for a payload
+                -- (under 8000 bytes) is left out: [id] alone, and the waiter reads it.
+                payload := jsonb_build_array(NEW.id, NEW.status)::text || E'\n'
+                    || coalesce((CASE WHEN NEW.status = 'succeeded' THEN NEW.output ELSE NEW.error END)::text, '');
+                IF octet_length(payload) >= 8000 THEN
+                    payload := jsonb_build_array(NEW.id)::text;
+                END IF;
+                PERFORM pg_notify(notify_channel('result'), payload);
+            ELSE
+                PERFORM pg_notify(notify_channel('done'), NEW.id);
+            END IF;
+        END LOOP;
         IF OLD.status = 'running' AND (NEW.status = 'cancelled' OR NEW.error ->> 'type' = 'pgdurable.WorkflowTimeout') THEN
             PERFORM pg_notify(notify_channel('stop'), NEW.id);
         END IF;
@@ -557,10 +574,9 @@ $$;
 -- KEY SHARE, a lock that a claim (FOR NO KEY UPDATE SKIP LOCKED) does not skip and that a completion waits
 -- for (its trigger locks the finished row FOR UPDATE before it looks for registrations), then read again in
 -- a statement of its own, which sees a completion that committed while the lock waited for it. Either the
--- wait sees the finished status, or the completion sees the registration. (FOR SHARE, used before, ordered
--- them as well, but a claim skipped the row while a waiter held it: work awaited as soon as it was enqueued
--- waited for the producer's next claim.)
-CREATE FUNCTION await_execution_v1(awaited_id text)
+-- wait sees the finished status, or the completion sees the registration. With carry_result, the
+-- completion's notification carries the outcome ("_result"); without, it carries the id ("_done").
+CREATE FUNCTION await_execution_v2(awaited_id text, carry_result boolean)
 RETURNS TABLE (status text, output jsonb, error jsonb)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -578,10 +594,22 @@ BEGIN
             RETURN;
         END IF;
         IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
-            INSERT INTO awaited_executions AS a (execution_id) VALUES (awaited_id) ON CONFLICT DO NOTHING;
+            INSERT INTO awaited_executions AS a (execution_id, carry_result) VALUES (awaited_id, carry_result)
+            ON CONFLICT DO NOTHING;
         END IF;
     END IF;
     RETURN NEXT;
+END;
+$$;
+
+-- The previous release's registration: notified on "_done" with the id.
+CREATE FUNCTION await_execution_v1(awaited_id text)
+RETURNS TABLE (status text, output jsonb, error jsonb)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM await_execution_v2(awaited_id, false);
 END;
 $$;
 
@@ -1822,7 +1850,7 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
                        app_versions(), migrate_app_version(text, text),
                        clock_now(), notify_channel(text), ring_doorbells(text[]), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
-                       await_execution_v1(text),
+                       await_execution_v1(text), await_execution_v2(text, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()
     FROM PUBLIC;

@@ -1,0 +1,7 @@
+-- The Citus layout, version 27 (recorded in schema_migrations as 10027): nothing changes on the cluster.
+--
+-- The single-node migration of this number lets a result wait's registration ask for the outcome in the
+-- completion's notification (awaited_executions.carry_result, await_execution_v2, "_result"). The layout
+-- keeps its own registration (query await_status of sql/queries/citus/), and its completions notify "_done"
+-- with the id from the coordinator (citus_finished): its waiters read the outcome after the notification,
+-- as before. Its distributed awaited_executions is left as it is.
