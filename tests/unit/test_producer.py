@@ -26,6 +26,9 @@ class FakeExecutor:
     def free(self) -> int:
         return self.concurrency - len(self.running) - self.reserved
 
+    def busy(self) -> bool:
+        return bool(self.running)
+
     def count(self, queue: str) -> int:
         return 0
 

@@ -39,6 +39,7 @@ class Running:
     context: ExecutionContext
     task: asyncio.Task[None] | None = None
     queue: str | None = None
+    finishing: bool = False  # its completion is being written (Executor.finishing counts these)
 
 
 class Executor:
@@ -58,6 +59,10 @@ class Executor:
         # Slots promised to claims in flight: several producers claim at once, and together they must not
         # claim more than the free slots.
         self.reserved = 0
+        # Executions whose completion is being written: their code has ended, so their slots count as free. A
+        # claim sent meanwhile (an enqueue rang the bell as soon as the result committed) is then not cut
+        # short by them, and tells whether the queue ran dry (arm_with, before the next completion).
+        self.finishing = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.batcher: WriteBatcher | None = None
         self._on_free = on_free
@@ -79,7 +84,17 @@ class Executor:
         self.loop, self.batcher = loop, batcher
 
     def free(self) -> int:
-        return self.concurrency - len(self.running) - self.reserved
+        return self.concurrency - (len(self.running) - self.finishing) - self.reserved
+
+    def busy(self) -> bool:
+        """Whether any execution's code is running (not only completions being written)."""
+        return len(self.running) > self.finishing
+
+    def _finishing(self, running: Running, finishing: bool) -> None:
+        """Mark an execution (still held here) as having its completion written, or no longer."""
+        if running.finishing != finishing and self.running.get(running.claimed.id) is running:
+            running.finishing = finishing
+            self.finishing += 1 if finishing else -1
 
     def count(self, queue: str) -> int:
         return sum(1 for r in self.running.values() if r.queue == queue)
@@ -156,6 +171,7 @@ class Executor:
             armed = self._arm_with(queue) if queue is not None and self.count(queue) == 1 else None
             completion = Completion(claimed.id, claimed.attempt, status, output, error,
                                     (self.worker_id, queue) if armed is not None and queue is not None else None)
+            self._finishing(running, True)
             try:
                 completed = await self.batcher.submit(completion)
             except SerializationError as refused:  # the database refused the result: that is the failure
@@ -163,6 +179,8 @@ class Executor:
                 completion.error = failures.encode(SerializationError(
                     f"the outcome of workflow {claimed.name!r} could not be recorded: {refused}"))
                 completed = await self.batcher.submit(completion)
+            finally:
+                self._finishing(running, False)
             if armed is not None:
                 armed(completed)
             if completed:
@@ -221,6 +239,7 @@ class Executor:
         elif self.running.get(running.claimed.id) is running:
             # A sync workflow stops at its next checkpoint, which may be far away (a hung step): its thread
             # runs on, but it no longer holds a slot here.
+            self._finishing(running, False)
             del self.running[running.claimed.id]
             self._on_free()
             if self.busy_threads > self.concurrency:

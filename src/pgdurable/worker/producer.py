@@ -200,7 +200,7 @@ class Producer:
                     await self._sleep(pause)
                     continue
             limit = min(executor.free(), CLAIM_BATCH)
-            if limit > 0 and executor.running and (limit < batch_floor or self.last_was_short) and not closing_gap:
+            if limit > 0 and executor.busy() and (limit < batch_floor or self.last_was_short) and not closing_gap:
                 pause = self.debouncer.remaining()
                 if pause > 0:
                     await asyncio.sleep(pause)
