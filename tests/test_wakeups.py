@@ -394,6 +394,13 @@ def test_racing_registrations_and_completions_never_lose_a_wake_up(database_url:
     assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
 
 
+def wait_registered(app: pgdurable.App, count: int, what: str) -> None:
+    """Wait until ``count`` executions are registered as awaited (the waits are asleep or about to be)."""
+    with psycopg.connect(app.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (count,), WAIT, what)
+
+
 def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdurable.App],
                                                   start_worker: Callable[..., ThreadWorker],
                                                   done_channel: Callable[[], list[str]]) -> None:
@@ -416,10 +423,7 @@ def test_a_result_wait_is_woken_by_the_completion(make_app: Callable[..., pgdura
     handle = app.enqueue(slow)
     waiting = threading.Thread(target=lambda: handle.result(timeout=WAIT))
     waiting.start()
-    with psycopg.connect(app.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
-        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (1,), WAIT,
-                 "the wait to register")
+    wait_registered(app, 1, "the wait to register")
     release.set()
     waiting.join(WAIT)
     assert not waiting.is_alive()
@@ -442,10 +446,7 @@ def test_a_stream_reader_is_woken_when_its_workflow_ends_without_closing_the_str
     read: list[Any] = []
     reader = threading.Thread(target=lambda: read.extend(app.read_stream(handle.workflow_id, "out")))
     reader.start()
-    with psycopg.connect(app.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
-        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (1,), WAIT,
-                 "the reader to register the execution")
+    wait_registered(app, 1, "the reader to register the execution")
     release.set()
     reader.join(WAIT)
     assert not reader.is_alive() and read == [1]
@@ -489,10 +490,7 @@ def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable
     seen_async: list[Any] = []
     waiting_async = threading.Thread(target=lambda: seen_async.extend(asyncio.run(_gather(wait_async, kinds))))
     waiting_async.start()
-    with psycopg.connect(app.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
-        wait_for(lambda: conn.execute("SELECT count(*) FROM awaited_executions").fetchone() == (4,), WAIT,
-                 "the waits to register")
+    wait_registered(app, 4, "the waits to register")
     release.set()
     for thread in [*waiting, waiting_async]:
         thread.join(WAIT)
