@@ -240,8 +240,9 @@ def test_only_an_awaited_execution_notifies_when_it_finishes(db: psycopg.Connect
                                                              done_channel: Callable[[], list[str]]) -> None:
     db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'alone')")
     db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', 'awaited')")
-    assert db.execute(_query(store.executions.await_status("awaited").name), {"id": "awaited"}).fetchone() == (
-        "enqueued", None, None)
+    status, output, error, seen = db.execute(_query(store.executions.await_status("awaited").name),
+                                             {"id": "awaited"}).fetchone()
+    assert (status, output, error) == ("enqueued", None, None) and seen.count(":") == 2  # the look's snapshot
     assert db.execute("SELECT execution_id FROM awaited_executions").fetchall() == [("awaited",)]
     finish(db, "alone")
     assert done_channel() == []  # nobody waits: no NOTIFY, no serialised commit
@@ -249,7 +250,7 @@ def test_only_an_awaited_execution_notifies_when_it_finishes(db: psycopg.Connect
     assert done_channel() == ["awaited"]
     assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
     # A finished execution is not registered: its waiter already has the outcome.
-    assert db.execute(_query("await_status"), {"id": "alone"}).fetchone() == ("succeeded", 1, None)
+    assert db.execute(_query("await_status"), {"id": "alone"}).fetchone() == ("succeeded", 1, None, None)
     assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
 
 
@@ -262,9 +263,10 @@ def test_the_completion_hands_the_outcome_to_a_waiter_that_asked_for_it(
     ids = ["ok", 'quote"and\nnewline', "none", "failed", "big", "old", "both"]
     for id_ in ids:
         db.execute("SELECT enqueue_workflow('nobody', '{}', 'q', %s)", (id_,))
+    looks = {}
     for id_ in ids:
         if id_ != "old":
-            db.execute("SELECT * FROM await_execution_v2(%s, true)", (id_,))
+            looks[id_] = db.execute("SELECT seen::text FROM await_execution_v2(%s, true)", (id_,)).fetchone()[0]
         if id_ in ("old", "both"):
             db.execute("SELECT * FROM await_execution_v1(%s)", (id_,))
     big = {"text": "é" * 5000}  # 10,000 bytes in UTF-8
@@ -278,12 +280,19 @@ def test_the_completion_hands_the_outcome_to_a_waiter_that_asked_for_it(
     carried = {parse_result(payload)[0]: parse_result(payload)[1] for payload in result_channel()}
     read = {id_: db.execute("SELECT status, output::text, error::text FROM workflow_executions WHERE id = %s",
                             (id_,)).fetchone() for id_ in ids}  # as the engine reads jsonb: its text
-    assert carried == {id_: read[id_] for id_ in ("ok", 'quote"and\nnewline', "none", "failed", "both")} | {
-        "big": None}
-    assert carried["none"] == ("succeeded", None, None)
-    assert carried["failed"] == ("failed", None, '{"type": "E", "message": "m"}')
+    assert carried.pop("big") is None
+    assert {id_: c.outcome for id_, c in carried.items() if c is not None} == {
+        id_: read[id_] for id_ in ("ok", 'quote"and\nnewline', "none", "failed", "both")}
+    assert carried["none"].outcome == ("succeeded", None, None)
+    assert carried["failed"].outcome == ("failed", None, '{"type": "E", "message": "m"}')
+    assert all(c.sent_after(looks[id_]) for id_, c in carried.items())  # each committed after its wait's look
     assert sorted(id_channel()) == ["both", "old"]
     assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+    # Run again (as a resume does) and waited for anew: the first run's notification, were it to reach a
+    # listener only now, is older than this wait's look, and its outcome is not taken.
+    db.execute("UPDATE workflow_executions SET status = 'enqueued', output = NULL WHERE id = 'ok'")
+    again = db.execute("SELECT seen::text FROM await_execution_v2('ok', true)").fetchone()[0]
+    assert not carried["ok"].sent_after(again)
 
 
 def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str, schema: str,
@@ -309,7 +318,7 @@ def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str
         completer.commit()
         looking.join(WAIT)
         waiter.commit()
-        assert seen == [("succeeded", 1, None)]
+        assert [row[:3] for row in seen] == [("succeeded", 1, None)]
         assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
         # The registration is in flight: the completion waits for it, then sees it and notifies.
         assert waiter.execute(_query("await_status"), {"id": "first-waiter"}).fetchone()[0] == "enqueued"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import psycopg
 
 from . import store
-from .completions import Listen, Nap, wait_async, wait_sync
+from .completions import Carried, Listen, Nap, wait_async, wait_sync
 from .context import current
 from .dberrors import transient
 from .effects import Pause
@@ -95,7 +95,8 @@ class WorkflowHandle(Generic[R]):
         look, which registers an unfinished execution as awaited (only then does its completion notify).
         Not yet: look first, and only if it is unfinished listen and look again, registering (a completion
         between the two looks is seen by the second). Then sleep until notified or the re-check interval,
-        and look, until the deadline; a notification that carried the outcome spares the look."""
+        and look, until the deadline; a notification that carried the outcome of a run that ended after the
+        registering look spares the look."""
         deadline = None if timeout is None else time.monotonic() + timeout
         subscribed = yield Listen(self.workflow_id, if_listening=True)
         look = store.executions.await_status if subscribed else store.executions.get_status
@@ -103,14 +104,18 @@ class WorkflowHandle(Generic[R]):
         if not subscribed and not self._is_final(outcome):
             yield Listen(self.workflow_id)
             outcome = yield from self._status(deadline, store.executions.await_status)
+        # The snapshot of the look that registered the wait: only an outcome committed after it is this wait's.
+        seen = outcome[3] if outcome is not None and len(outcome) > 3 else None
         while not self._is_final(outcome):
             if deadline is not None and deadline - time.monotonic() <= 0:
                 raise ResultTimeout((yield from self._timeout_message(timeout)))
-            carried: Status = yield Nap(self._wait_time(deadline))
-            outcome = carried if carried is not None else (yield from self._status(deadline,
-                                                                                   store.executions.get_status))
+            carried: Carried | None = yield Nap(self._wait_time(deadline))
+            if carried is not None and carried.sent_after(seen):
+                outcome = carried.outcome
+            else:
+                outcome = yield from self._status(deadline, store.executions.get_status)
         assert outcome is not None
-        return outcome
+        return outcome[:3]
 
     def _timeout_message(self, timeout: float | None) -> Generator[Any, Any, str]:
         """Why the wait timed out, saying so when no live worker could have run it (a queue nobody serves)."""

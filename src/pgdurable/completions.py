@@ -23,24 +23,45 @@ log = logging.getLogger("pgdurable")
 T = TypeVar("T")
 
 
-# An execution's (status, output, error) as its row holds them (output and error: jsonb's text), or as the
-# completion's notification carried them.
+# An execution's (status, output, error) as its row holds them (output and error: jsonb's text).
 Outcome = tuple[str, str | None, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The outcome a "_result" notification carried, and the id of the transaction that committed it."""
+    outcome: Outcome
+    xid: int
+
+    def sent_after(self, snapshot: str | None) -> bool:
+        """Whether that transaction committed after the look that took ``snapshot`` (a pg_snapshot's text,
+        "xmin:xmax:xip,..."): it is not visible in it. One visible there finished an earlier run of the
+        execution (before a resume), whose notification reached the listener late."""
+        if snapshot is None:
+            return False
+        xmin, xmax, running = snapshot.split(":")
+        if self.xid < int(xmin):
+            return False
+        return self.xid >= int(xmax) or str(self.xid) in running.split(",")
+
+
 # Called when an execution may have finished, with the outcome when the notification carried it.
-Wake = Callable[[Outcome | None], None]
+Wake = Callable[[Carried | None], None]
 
 
-def parse_result(payload: str) -> tuple[str, Outcome | None]:
-    """The execution id and outcome of a "_result" notification: a JSON array [id, status], a newline, then
-    the output of a success or the error of a failure as stored (nothing for NULL); or [id] alone when the
-    outcome did not fit in a payload (see notify_execution_change in sql/schema.sql)."""
+def parse_result(payload: str) -> tuple[str, Carried | None]:
+    """The execution id and carried outcome of a "_result" notification: a JSON array [id, status, the
+    sending transaction's id], a newline, then the output of a success or the error of a failure as stored
+    (nothing for NULL); or [id] alone when the outcome did not fit in a payload (see
+    notify_execution_change in sql/schema.sql)."""
     header, _, body = payload.partition("\n")
     fields = json.loads(header)
-    if len(fields) < 2:
+    if len(fields) < 3:
         return fields[0], None
-    execution_id, status = fields[0], fields[1]
+    execution_id, status, xid = fields[0], fields[1], int(fields[2])
     stored = body or None
-    return execution_id, (status, stored, None) if status == "succeeded" else (status, None, stored)
+    outcome: Outcome = (status, stored, None) if status == "succeeded" else (status, None, stored)
+    return execution_id, Carried(outcome, xid)
 
 
 class CompletionListener:
@@ -110,7 +131,7 @@ class CompletionListener:
                 self._listening.set()
                 time.sleep(1.0)
 
-    def _wake(self, key: str, outcome: Outcome | None) -> None:
+    def _wake(self, key: str, outcome: Carried | None) -> None:
         with self._lock:
             callbacks = list(self._waiters.get(key, ()))
         for callback in callbacks:
@@ -120,7 +141,7 @@ class CompletionListener:
         self._stopped.set()
 
 
-def _addressed(channel: str, payload: str, done: str, result: str) -> tuple[str, Outcome | None]:
+def _addressed(channel: str, payload: str, done: str, result: str) -> tuple[str, Carried | None]:
     """Whom a notification wakes (a waiter's key) and the outcome it carries."""
     if channel == result:
         try:
@@ -182,9 +203,9 @@ def _kept(plan: Generator[Any, Any, T], outcome: list[T]) -> Generator[Any, Any,
 
 def read_sync(db: Database, listener: CompletionListener, plan: Generator[Any, Any, Any]) -> Iterator[Any]:
     woken = threading.Event()
-    carried: list[Outcome] = []  # what notifications carried since the last nap
+    carried: list[Carried] = []  # what notifications carried since the last nap
 
-    def wake(outcome: Outcome | None) -> None:
+    def wake(outcome: Carried | None) -> None:
         if outcome is not None:
             carried.append(outcome)
         woken.set()
@@ -226,17 +247,17 @@ async def read_async(db: Database, listener: CompletionListener,
                      plan: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
-    carried: list[Outcome] = []  # what notifications carried since the last nap
+    carried: list[Carried] = []  # what notifications carried since the last nap
     unsubscribes: list[Callable[[], None]] = []
     result: Any = None
     error: BaseException | None = None
 
-    def woke(outcome: Outcome | None) -> None:
+    def woke(outcome: Carried | None) -> None:
         if outcome is not None:
             carried.append(outcome)
         woken.set()
 
-    def wake(outcome: Outcome | None) -> None:
+    def wake(outcome: Carried | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(woke, outcome)
 
@@ -274,9 +295,9 @@ async def read_async(db: Database, listener: CompletionListener,
         _unsubscribe(unsubscribes)
 
 
-def _latest(carried: list[Outcome]) -> Outcome | None:
+def _latest(carried: list[Carried]) -> Carried | None:
     """The outcome the last notification carried, if any; the list is emptied. (A plan waits for one
-    execution's completion; a finished execution's outcome does not change.)"""
+    execution's completion; the latest is its last run's.)"""
     outcome = carried[-1] if carried else None
     carried.clear()
     return outcome

@@ -13,7 +13,7 @@ import pytest
 
 from pgdurable import store, streams
 from pgdurable.client import WorkflowHandle
-from pgdurable.completions import Emit, Listen, Nap, parse_result, read_async, read_sync, wait_async, wait_sync
+from pgdurable.completions import Carried, Emit, Listen, Nap, parse_result, read_async, read_sync, wait_async, wait_sync
 from pgdurable.errors import WorkflowNotFound
 from pgdurable.serialization import JsonSerializer
 from pgdurable.store.messaging import StreamRead
@@ -162,30 +162,45 @@ def _handle(db: FakeDatabase) -> WorkflowHandle[Any]:
     return WorkflowHandle(runtime, "e")  # type: ignore[arg-type]
 
 
+# A look's snapshot (pg_snapshot's text): transactions below 100 had ended, 100-104 had not begun, 101 ran.
+SEEN = "100:105:101"
+
+
 def test_a_result_wait_takes_the_outcome_the_notification_carried_without_reading() -> None:
     listener = FakeListener()
-    db = NotifyingDatabase(listener, {"await_status": [("running", None, None)]},
-                           [("succeeded", '{"n": 1}', None)])
+    db = NotifyingDatabase(listener, {"await_status": [("running", None, None, SEEN)]},
+                           [Carried(("succeeded", '{"n": 1}', None), 101)])  # committed after the look
     assert _handle(db)._decode(wait_sync(db, listener, _handle(db)._finished(None))) == {"n": 1}
     assert [call.name for call in db.calls] == ["await_status"]
 
 
-def test_a_result_wait_reads_the_outcome_when_the_notification_did_not_carry_it() -> None:
+@pytest.mark.parametrize("carried", [None, Carried(("failed", None, '{"type": "Old"}'), 99),
+                                     Carried(("failed", None, '{"type": "Old"}'), 100)])
+def test_a_result_wait_reads_the_outcome_when_the_notification_did_not_carry_its_own(carried: Any) -> None:
+    """No outcome carried (too long for a payload), or one committed before the look that registered the
+    wait (an earlier run's, before a resume, whose notification reached the listener late): read."""
     listener = FakeListener()
-    db = NotifyingDatabase(listener, {"await_status": [("running", None, None)],
-                                      "get_status": [("failed", None, '{"type": "ValueError", "message": "no"}')]},
-                           [None, None])
+    db = NotifyingDatabase(listener, {"await_status": [("enqueued", None, None, SEEN)],
+                                      "get_status": [("succeeded", "2", None)]},
+                           [carried, None])
     handle = _handle(db)
-    outcome = asyncio.run(wait_async(db, listener, handle._finished(None)))
-    assert outcome == ("failed", None, '{"type": "ValueError", "message": "no"}')
+    assert asyncio.run(wait_async(db, listener, handle._finished(None))) == ("succeeded", "2", None)
     assert [call.name for call in db.calls] == ["await_status", "get_status"]
 
 
+@pytest.mark.parametrize(("xid", "after"), [(99, False), (100, False), (101, True), (102, False), (104, False),
+                                            (105, True), (7000, True)])
+def test_an_outcome_counts_only_if_committed_after_the_look(xid: int, after: bool) -> None:
+    assert Carried(("succeeded", None, None), xid).sent_after("100:105:101,103") is after
+    assert not Carried(("succeeded", None, None), xid).sent_after(None)
+
+
 @pytest.mark.parametrize(("payload", "expected"), [
-    ('["e-1", "succeeded"]\n{"a": [1, "x\\ny"]}', ("e-1", ("succeeded", '{"a": [1, "x\\ny"]}', None))),
-    ('["e\\n\\"2", "succeeded"]\n', ('e\n"2', ("succeeded", None, None))),
-    ('["e3", "failed"]\n{"type": "KeyError"}', ("e3", ("failed", None, '{"type": "KeyError"}'))),
-    ('["e4", "cancelled"]\n', ("e4", ("cancelled", None, None))),
+    ('["e-1", "succeeded", "7"]\n{"a": [1, "x\\ny"]}',
+     ("e-1", Carried(("succeeded", '{"a": [1, "x\\ny"]}', None), 7))),
+    ('["e\\n\\"2", "succeeded", "8"]\n', ('e\n"2', Carried(("succeeded", None, None), 8))),
+    ('["e3", "failed", "9"]\n{"type": "KeyError"}', ("e3", Carried(("failed", None, '{"type": "KeyError"}'), 9))),
+    ('["e4", "cancelled", "10"]\n', ("e4", Carried(("cancelled", None, None), 10))),
     ('["e5"]', ("e5", None)),  # too long for a payload: the waiter reads it
 ])
 def test_a_result_notification_is_parsed_into_the_id_and_the_outcome_as_a_read_returns_it(

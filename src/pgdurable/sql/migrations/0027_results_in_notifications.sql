@@ -42,9 +42,11 @@ $do$;
 -- for (its trigger locks the finished row FOR UPDATE before it looks for registrations), then read again in
 -- a statement of its own, which sees a completion that committed while the lock waited for it. Either the
 -- wait sees the finished status, or the completion sees the registration. With carry_result, the
--- completion's notification carries the outcome ("_result"); without, it carries the id ("_done").
+-- completion's notification carries the outcome ("_result"); without, it carries the id ("_done"). seen:
+-- the snapshot of the look that found it unfinished. A "_result" notification names the transaction that
+-- sent it: one visible in seen finished an earlier run (before a resume), and its outcome is not this wait's.
 CREATE FUNCTION await_execution_v2(awaited_id text, carry_result boolean)
-RETURNS TABLE (status text, output jsonb, error jsonb)
+RETURNS TABLE (status text, output jsonb, error jsonb, seen pg_snapshot)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -55,7 +57,7 @@ BEGIN
     END IF;
     IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
         PERFORM FROM workflow_executions e WHERE e.id = awaited_id FOR KEY SHARE;
-        SELECT e.status, e.output, e.error INTO status, output, error
+        SELECT e.status, e.output, e.error, pg_current_snapshot() INTO status, output, error, seen
         FROM workflow_executions e WHERE e.id = awaited_id;
         IF NOT FOUND THEN
             RETURN;
@@ -78,7 +80,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM await_execution_v2(awaited_id, false);
+    RETURN QUERY SELECT a.status, a.output, a.error FROM await_execution_v2(awaited_id, false) AS a;
 END;
 $$;
 
@@ -99,10 +101,10 @@ BEGIN
         PERFORM FROM workflow_executions e WHERE e.id = NEW.id FOR UPDATE;
         FOR carried IN DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id RETURNING a.carry_result LOOP
             IF carried THEN
-                -- A JSON array [id, status], a newline, then the output of a success or the error of a
-                -- failure as stored (jsonb's text; nothing for NULL). An outcome too long for a payload
-                -- (under 8000 bytes) is left out: [id] alone, and the waiter reads it.
-                payload := jsonb_build_array(NEW.id, NEW.status)::text || E'\n'
+                -- A JSON array [id, status, this transaction's id], a newline, then the output of a success
+                -- or the error of a failure as stored (jsonb's text; nothing for NULL). An outcome too long
+                -- for a payload (under 8000 bytes) is left out: [id] alone, and the waiter reads it.
+                payload := jsonb_build_array(NEW.id, NEW.status, pg_current_xact_id()::text)::text || E'\n'
                     || coalesce((CASE WHEN NEW.status = 'succeeded' THEN NEW.output ELSE NEW.error END)::text, '');
                 IF octet_length(payload) >= 8000 THEN
                     payload := jsonb_build_array(NEW.id)::text;

@@ -306,8 +306,8 @@ SELECT status, output, error FROM workflow_executions WHERE id = %(id)s;
 -- name: await_status
 -- The status of an execution about to be waited for; an unfinished one is registered as awaited, so that
 -- its completion notifies, with the outcome when it fits ("_result"; see await_execution_v2 for how the
--- registration and the completion are ordered).
-SELECT status, output, error FROM await_execution_v2(%(id)s, true);
+-- registration and the completion are ordered, and what seen, the look's snapshot, is for).
+SELECT status, output, error, seen::text FROM await_execution_v2(%(id)s, true);
 
 -- name: list_executions
 SELECT id, name, queue, status, priority, input, output, error, owner_id, lease_expires, attempt,

@@ -52,7 +52,8 @@ WHERE bucket = bucket_of(%(id)s) AND id = %(id)s;
 SELECT status, output, error FROM workflow_executions WHERE bucket = bucket_of(%(id)s) AND id = %(id)s;
 
 -- name: await_status
--- One bucket: the execution and its registration live together (a finished one is only read).
+-- One bucket: the execution and its registration live together (a finished one is only read). No snapshot
+-- (seen): the layout's completions notify "_done" with the id, never the outcome.
 WITH peek AS (
     SELECT status, output, error FROM workflow_executions WHERE bucket = bucket_of(%(id)s) AND id = %(id)s
 ), locked AS (
@@ -65,9 +66,9 @@ WITH peek AS (
     SELECT bucket_of(%(id)s), %(id)s FROM locked WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
     ON CONFLICT DO NOTHING
 )
-SELECT status, output, error FROM locked
+SELECT status, output, error, NULL::text AS seen FROM locked
 UNION ALL
-SELECT status, output, error FROM peek WHERE NOT EXISTS (SELECT FROM locked);
+SELECT status, output, error, NULL FROM peek WHERE NOT EXISTS (SELECT FROM locked);
 
 -- name: set_tags
 SELECT citus_set_tags(%(id)s, %(attempt)s, %(step_id)s, %(step_name)s, %(started_at)s, %(tags)s::jsonb);
