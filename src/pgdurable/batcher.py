@@ -314,7 +314,8 @@ async def _arun_request(conn: psycopg.AsyncConnection[Any], request: store.Call[
 
 
 class _Plan:
-    """One batch: its writes as at most two statements in one transaction, then any other statements.
+    """One batch: its writes as one statement (on Citus, one per kind in one transaction), then any other
+    statements.
 
     On a schema with the Citus layout, one such transaction per bucket of the batch (the buckets of its
     execution ids asked of the coordinator once, then remembered): each commits on one node in one phase, and
@@ -369,16 +370,17 @@ class _Plan:
             found: dict[str, int] = yield store.claims.buckets_of(unknown)
             self.buckets.update(found)
         failure: BaseException | None = None
+        citus = store.calls.on_citus(conn)
         for group in self._groups(conn, todo):
             try:
                 try:
-                    yield from self._write(group)
+                    yield from self._write(group, citus)
                 except Exception as exc:
                     if not self._refuse(group, exc):
                         raise
                     for one in group if len(group) > 1 else ():
                         try:
-                            yield from self._write([one])
+                            yield from self._write([one], citus)
                         except Exception as single:
                             if not self._refuse([one], single):
                                 raise
@@ -412,9 +414,9 @@ class _Plan:
             groups.setdefault(self.buckets.get(item.execution_id, -1), []).append((item, waiter))
         return list(groups.values())
 
-    def _write(self, writes: Sequence[tuple[Item, Waiter]]) -> Generator[Any, Any, None]:
-        calls, written = _write_calls(writes), set[store.checkpoints.WriteKey]()
-        if len(calls) > 1:  # both kinds: still one commit
+    def _write(self, writes: Sequence[tuple[Item, Waiter]], citus: bool) -> Generator[Any, Any, None]:
+        calls, written = _write_calls(writes, citus), set[store.checkpoints.WriteKey]()
+        if len(calls) > 1:  # both kinds on Citus: still one commit
             for rows in (yield _Atomic(calls)):
                 written.update(rows)
         elif calls:
@@ -472,16 +474,25 @@ class _Plan:
                 loop.call_soon_threadsafe(_settle_futures, on_loop)
 
 
-def _write_calls(writes: Sequence[tuple[Item, Waiter]]) -> list[store.Call[set[store.checkpoints.WriteKey]]]:
+def _write_calls(writes: Sequence[tuple[Item, Waiter]], citus: bool
+                 ) -> list[store.Call[set[store.checkpoints.WriteKey]]]:
+    """The statements that write ``writes``: one, or on Citus one per kind (run in one transaction)."""
     steps = [_step_row(item) for item, _ in writes if isinstance(item, StepWrite)]
     done = [_completion_row(item) for item, _ in writes if isinstance(item, Completion)]
+    bells = json.dumps(list(dict.fromkeys(item.bell for item, _ in writes
+                                          if isinstance(item, Completion) and item.bell)))
+    if steps and done and not citus:
+        return [store.checkpoints.write_checkpoints(_array(steps), _array(done), bells)]
     calls = []
     if steps:
-        calls.append(store.checkpoints.write_steps("[" + ",".join(steps) + "]"))
+        calls.append(store.checkpoints.write_steps(_array(steps)))
     if done:
-        bells = list(dict.fromkeys(item.bell for item, _ in writes if isinstance(item, Completion) and item.bell))
-        calls.append(store.checkpoints.write_completions("[" + ",".join(done) + "]", json.dumps(bells)))
+        calls.append(store.checkpoints.write_completions(_array(done), bells))
     return calls
+
+
+def _array(rows: list[str]) -> str:
+    return "[" + ",".join(rows) + "]"
 
 
 def _reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:

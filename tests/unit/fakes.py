@@ -31,7 +31,7 @@ class AsyncFakeCursor(FakeCursor):
 
 
 class FakeDatabase:
-    """What write_steps / write_completions / heartbeat do, in memory.
+    """What write_steps / write_completions / write_checkpoints / heartbeat do, in memory.
 
     ``owned``: the (execution_id, attempt) pairs whose writer still holds the lease; writes of other attempts
     are fenced (no row returned). ``refuse``: a predicate on a row (the decoded JSON array) that makes the
@@ -57,6 +57,8 @@ class FakeDatabase:
         if self.fail is not None:
             raise self.fail
         params = dict(params or {})
+        if "steps" in params:  # write_checkpoints: both kinds in one statement
+            params["rows"] = json.dumps(json.loads(params.pop("steps")) + json.loads(params.pop("completions")))
         if "rows" in params:
             rows = json.loads(params["rows"])
             self.statements.append(rows)
@@ -70,6 +72,8 @@ class FakeDatabase:
                 self.after_statement()
         if "ids" in params and "owner" in params:  # heartbeat
             return [(i, a) for i, a in sorted(self.owned) if i in params["ids"]]
+        if "ids" in params:  # citus_buckets_of: one bucket for all
+            return [(i, 0) for i in params["ids"]]
         raise AssertionError(f"unexpected statement with {params}")
 
     def _write(self, rows: list[list[Any]]) -> list[tuple[Any, ...]]:

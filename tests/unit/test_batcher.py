@@ -28,12 +28,16 @@ def done(eid: str, attempt: int, output: str | None = '"ok"', status: str = "suc
     return Completion(eid, attempt, status, output, None)
 
 
-def run_plan(db: FakeDatabase, items: list[Any]) -> list[tuple[Any, BaseException | None]]:
-    """Execute one batch on the fake, settle it, and return each item's (result, error)."""
+def run_plan(db: FakeDatabase, items: list[Any], citus: bool = False) -> list[tuple[Any, BaseException | None]]:
+    """Execute one batch on the fake, settle it, and return each item's (result, error). ``citus``: as on a
+    schema with the Citus layout (each kind of write its own statement, in one transaction)."""
     waiters = [ThreadWaiter() for _ in items]
     plan = _Plan(list(zip(items, waiters, strict=True)))
+    conn = FakeConnection(db)
+    if citus:
+        store.calls.remember_schema(conn, "s", citus=True)
     try:
-        plan.execute(FakeConnection(db))  # type: ignore[arg-type]
+        plan.execute(conn)  # type: ignore[arg-type]
     except Exception as exc:
         plan.failed(exc, 1)
     plan.settle(None)
@@ -70,8 +74,15 @@ def test_a_completion_and_a_step_of_the_same_attempt() -> None:
     db = FakeDatabase(owned={("e1", 1), ("e2", 3)})
     outcome = results(run_plan(db, [step("e1", 1, 0), done("e1", 1), done("e2", 2), step("e2", 3, 0)]))
     assert outcome == [True, True, False, True]
-    assert len(db.statements) == 2  # one statement per kind, in one transaction
+    assert len(db.statements) == 1  # both kinds in one statement (write_checkpoints)
     assert db.completions["e1"][2] == "succeeded"
+
+
+def test_on_citus_each_kind_is_a_statement_of_one_transaction() -> None:
+    db = FakeDatabase(owned={("e1", 1), ("e2", 3)})
+    outcome = results(run_plan(db, [step("e1", 1, 0), done("e1", 1), done("e2", 2), step("e2", 3, 0)], citus=True))
+    assert outcome == [True, True, False, True]
+    assert [len(rows) for rows in db.statements] == [2, 2]  # steps, then completions
 
 
 def test_outputs_are_spliced_as_json() -> None:
@@ -144,15 +155,19 @@ def test_other_errors_fail_the_whole_batch(error: type[Exception]) -> None:
     assert len(db.statements) == 1
 
 
-def test_keys_of_a_rolled_back_transaction_are_not_reported_written() -> None:
+@pytest.mark.parametrize("citus", [False, True])
+def test_keys_of_a_rolled_back_transaction_are_not_reported_written(citus: bool) -> None:
+    """The batch's first statement (or, on Citus, its first transaction: the steps' statement committed with
+    it, then the completions' refused) is refused; e1 is lost before the writes are made one at a time."""
     db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
     db.refuse = bad_output
+    statements_of_the_batch = 2 if citus else 1
 
     def lose_e1_after_the_first_transaction() -> None:
-        if len(db.statements) == 2:
+        if len(db.statements) == statements_of_the_batch:
             db.owned.discard(("e1", 1))
     db.after_statement = lose_e1_after_the_first_transaction
-    outcomes = run_plan(db, [step("e1", 1, 0), done("e2", 1, output='"BAD"')])
+    outcomes = run_plan(db, [step("e1", 1, 0), done("e2", 1, output='"BAD"')], citus=citus)
     assert ("e1", 0) not in db.steps  # fenced: not stored
     assert outcomes[0] == (False, None)
 

@@ -63,5 +63,10 @@ def write_completions(rows: str, bells: str = "[]") -> Call[set[WriteKey]]:
     return Call("write_completions", {"rows": rows, "bells": bells}, _written)
 
 
+def write_checkpoints(steps: str, completions: str, bells: str = "[]") -> Call[set[WriteKey]]:
+    """``write_steps`` and ``write_completions`` in one statement (single node): what both return."""
+    return Call("write_checkpoints", {"steps": steps, "completions": completions, "bells": bells}, _written)
+
+
 def list_steps(id: str) -> Call[list[Step]]:
     return Call("list_steps", {"id": id}, every, row_factory=class_row(Step))

@@ -218,6 +218,62 @@ FROM finished f, clock
 WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
 RETURNING e.id, e.attempt, NULL::int;
 
+-- name: write_checkpoints
+-- write_steps and write_completions of one batch in one statement (one round trip instead of BEGIN, the two
+-- statements and COMMIT). The steps of an execution this statement completes are written only if the
+-- completion was (the UPDATE's row lock is the fence, as FOR SHARE is for the others); the other steps are
+-- fenced as write_steps fences them. Returns what both return.
+WITH clock AS MATERIALIZED (
+    SELECT clock_now() AS now
+), finished AS (
+    SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
+           r -> 3 AS output, nullif(r -> 4, 'null') AS error
+    FROM jsonb_array_elements(%(completions)s::jsonb) AS r
+), bells AS (
+    SELECT b ->> 0 AS worker_id, b ->> 1 AS queue FROM jsonb_array_elements(%(bells)s::jsonb) AS b
+), armed AS (
+    UPDATE worker_doorbells d SET armed = true
+    FROM bells b
+    WHERE d.worker_id = b.worker_id AND d.queue = b.queue AND NOT d.armed
+), installed AS (
+    INSERT INTO worker_doorbells (queue, worker_id)
+    SELECT b.queue, b.worker_id FROM bells b
+    WHERE NOT EXISTS (SELECT FROM worker_doorbells d WHERE d.worker_id = b.worker_id AND d.queue = b.queue)
+    ON CONFLICT DO NOTHING
+), done AS (
+    UPDATE workflow_executions e
+    SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
+        owner_id = NULL, lease_expires = NULL, completed_at = clock.now, updated_at = clock.now, wait_reason = NULL
+    FROM finished f, clock
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+    RETURNING e.id, e.attempt
+), steps AS (
+    SELECT r ->> 0 AS execution_id, (r ->> 1)::int AS attempt, (r ->> 2)::int AS step_id,
+           r ->> 3 AS step_name, (r ->> 4)::int AS tries, (r ->> 5)::timestamptz AS started_at,
+           r -> 6 AS output, nullif(r -> 7, 'null') AS error
+    FROM jsonb_array_elements(%(steps)s::jsonb) AS r
+), owned AS (
+    SELECT s.*
+    FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
+    WHERE e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
+      AND NOT EXISTS (SELECT FROM finished f WHERE f.id = s.execution_id AND f.attempt = s.attempt)
+    ORDER BY e.id
+    FOR SHARE OF e
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT execution_id, step_id, step_name, CASE WHEN error IS NULL THEN output END, error, tries, attempt,
+           started_at, clock.now
+    FROM (SELECT * FROM owned
+          UNION ALL
+          SELECT s.* FROM steps s JOIN done d ON d.id = s.execution_id AND d.attempt = s.attempt) AS w, clock
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING execution_id, recorded_by_attempt, step_id
+)
+SELECT id, attempt, NULL::int FROM done
+UNION ALL
+SELECT execution_id, recorded_by_attempt, step_id FROM recorded;
+
 -- name: heartbeat
 -- Extend the leases of the executions this worker is running; the rows returned are what it still owns.
 -- An execution it gave up on locally is left out, so its lease runs out and another worker retries it.

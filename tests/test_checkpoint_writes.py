@@ -1,0 +1,101 @@
+"""The group commit's statements against PostgreSQL: write_checkpoints (a batch's step checkpoints and
+completions in one statement) fences each write by its attempt exactly as write_steps and write_completions
+do when they run one after the other."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from pgdurable import store
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
+
+
+def claimed(db: psycopg.Connection[Any], n: int) -> list[store.claims.Claimed]:
+    for _ in range(n):
+        db.execute("SELECT enqueue_workflow('w', '{}', 'q')")
+    found = store.run(db, store.claims.claim(queue="q", names=["w"], owner="w1", lease=30, limit=n, version="v"))
+    assert len(found) == n
+    return sorted(found, key=lambda c: c.id)
+
+
+def step_row(c: store.claims.Claimed, step_id: int, attempt: int | None = None) -> list[Any]:
+    return [c.id, c.attempt if attempt is None else attempt, step_id, f"s{step_id}", 1, T0, {"v": step_id}, None]
+
+
+def done_row(c: store.claims.Claimed, attempt: int | None = None) -> list[Any]:
+    return [c.id, c.attempt if attempt is None else attempt, "succeeded", "out", None]
+
+
+def steps_of(db: psycopg.Connection[Any], id: str) -> list[tuple[int, Any, int]]:
+    return db.execute("SELECT step_id, output, recorded_by_attempt FROM operation_outputs WHERE execution_id = %s "
+                      "ORDER BY step_id", (id,)).fetchall()
+
+
+def status_of(db: psycopg.Connection[Any], id: str) -> tuple[str, Any, Any]:
+    return db.execute("SELECT status, output, owner_id FROM workflow_executions WHERE id = %s", (id,)).fetchone()
+
+
+def test_steps_and_completions_in_one_statement(db: psycopg.Connection[Any]) -> None:
+    finishing, running = claimed(db, 2)
+    steps = [step_row(finishing, 0), step_row(finishing, 1), step_row(running, 0)]
+    written = store.run(db, store.checkpoints.write_checkpoints(json.dumps(steps), json.dumps([done_row(finishing)])))
+    assert written == {(finishing.id, finishing.attempt, 0), (finishing.id, finishing.attempt, 1),
+                       (finishing.id, finishing.attempt, None), (running.id, running.attempt, 0)}
+    assert steps_of(db, finishing.id) == [(0, {"v": 0}, finishing.attempt), (1, {"v": 1}, finishing.attempt)]
+    assert status_of(db, finishing.id) == ("succeeded", "out", None)
+    assert steps_of(db, running.id) == [(0, {"v": 0}, running.attempt)]
+    assert status_of(db, running.id)[0] == "running"
+    # Written again (a retried batch): nothing new, the first record stays.
+    again = store.run(db, store.checkpoints.write_checkpoints(
+        json.dumps([step_row(running, 0), step_row(running, 1)]), json.dumps([done_row(running)])))
+    assert again == {(running.id, running.attempt, 1), (running.id, running.attempt, None)}
+
+
+def test_a_fenced_completion_takes_its_attempts_steps_with_it(db: psycopg.Connection[Any]) -> None:
+    """The steps of an attempt that no longer owns its execution are not written, whether its completion is in
+    the same statement or not; a later attempt's steps in the same statement are."""
+    lost, expired, other = claimed(db, 3)
+    db.execute("UPDATE workflow_executions SET attempt = attempt + 1 WHERE id = %s", (lost.id,))  # taken over
+    db.execute("UPDATE workflow_executions SET lease_expires = now() - interval '1 second' WHERE id = %s",
+               (expired.id,))
+    steps = [step_row(lost, 0), step_row(lost, 1, attempt=lost.attempt + 1), step_row(expired, 0),
+             step_row(other, 0, attempt=other.attempt + 1)]
+    written = store.run(db, store.checkpoints.write_checkpoints(
+        json.dumps(steps), json.dumps([done_row(lost), done_row(expired), done_row(other, attempt=other.attempt + 1)])))
+    assert written == {(lost.id, lost.attempt + 1, 1)}
+    assert steps_of(db, lost.id) == [(1, {"v": 1}, lost.attempt + 1)]
+    assert steps_of(db, expired.id) == [] and steps_of(db, other.id) == []
+    assert [status_of(db, c.id)[0] for c in (lost, expired, other)] == ["running"] * 3
+
+
+def test_the_same_outcome_as_the_two_statements(db: psycopg.Connection[Any]) -> None:
+    """The same batch written by write_checkpoints and by write_steps then write_completions (in one
+    transaction, as on Citus) leaves the same rows and reports the same keys."""
+    a = claimed(db, 3)
+    b = claimed(db, 3)
+    db.execute("UPDATE workflow_executions SET attempt = attempt + 1 WHERE id = ANY(%s)", ([a[2].id, b[2].id],))
+
+    def batch(cs: list[store.claims.Claimed]) -> tuple[list[Any], list[Any]]:
+        steps = [step_row(cs[0], 0), step_row(cs[0], 1), step_row(cs[1], 0), step_row(cs[2], 0)]
+        return steps, [done_row(cs[0]), done_row(cs[2])]
+
+    steps, done = batch(a)
+    one = store.run(db, store.checkpoints.write_checkpoints(json.dumps(steps), json.dumps(done)))
+    steps, done = batch(b)
+    with db.transaction():
+        two = store.run(db, store.checkpoints.write_steps(json.dumps(steps)))
+        two |= store.run(db, store.checkpoints.write_completions(json.dumps(done)))
+
+    def relative(keys: set[Any], cs: list[store.claims.Claimed]) -> set[Any]:
+        index = {c.id: i for i, c in enumerate(cs)}
+        return {(index[id], step) for id, _, step in keys}
+
+    assert relative(one, a) == relative(two, b) == {(0, 0), (0, 1), (0, None), (1, 0)}
+    for x, y in zip(a, b, strict=True):
+        assert steps_of(db, x.id) == steps_of(db, y.id)
+        assert status_of(db, x.id) == status_of(db, y.id)
