@@ -38,6 +38,11 @@ _FLUSH_ATTEMPTS = 3
 _MAX_BATCH = 2000
 # The buckets of execution ids a writer remembers (Citus), at most: then it forgets them all and asks again.
 _MAX_BUCKETS = 50_000
+# A deferred write (``defer``) waits at most about this long for another write to take it along, then is
+# written on its own: it bounds how long a step that returned can go unrecorded (see ``defer``).
+LINGER_SECONDS = 0.005
+# The ticker that enforces LINGER_SECONDS stops after this many ticks without a deferred write.
+_IDLE_TICKS = 200
 
 
 @dataclass(slots=True)
@@ -120,6 +125,10 @@ class WriteBatcher:
         self._task: asyncio.Task[None] | None = None
         self._buckets: dict[str, int] = {}  # execution id -> its bucket, on a schema with the Citus layout
         self._closed = False  # the writer has stopped: whatever is submitted now is not written
+        # Deferred writes: the ticker that writes them when nothing else does, and when it last saw one.
+        self._ticking = False
+        self._idle_ticks = 0
+        self._waiting_since: float | None = None  # when the oldest write now pending was deferred
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -188,6 +197,71 @@ class WriteBatcher:
         """From the event loop: several items at once, so that they go out in one batch."""
         return [self._submit_on_loop(item) for item in items]
 
+    # -- deferring -----------------------------------------------------------------------------------------
+
+    def defer(self, write: StepWrite) -> Waiter:
+        """Queue a step checkpoint without starting a batch for it: the next batch takes it along (whoever
+        starts it: the same execution's next write or completion, or any other execution's write), or, if
+        none comes, the ticker writes it within about LINGER_SECONDS. From the event loop the waiter is a
+        future, from a workflow thread a ThreadWaiter; ``hurry`` before waiting on it."""
+        on_loop = self._loop is not None and getattr(self._loop, "_thread_id", None) == threading.get_ident()
+        waiter: Waiter
+        if on_loop:
+            assert self._loop is not None
+            waiter = self._loop.create_future()
+        else:
+            waiter = ThreadWaiter()
+        with self._lock:
+            if self._closed:
+                _not_written([(write, waiter)])
+                return waiter
+            if not self._pending:
+                self._waiting_since = time.monotonic()
+            self._pending.append((write, waiter))
+            self._idle_ticks = 0
+            start, self._ticking = not self._ticking, True
+        if start:
+            if on_loop:
+                self._tick()
+            else:
+                self._call_loop(self._tick)
+        return waiter
+
+    def hurry_threadsafe(self) -> None:
+        """From a workflow thread about to wait on deferred writes: if no batch runs, run one now."""
+        with self._lock:
+            idle = not self._busy and bool(self._pending)
+            if idle:
+                self._busy = True
+        if idle:
+            self._lead()
+
+    def hurry(self) -> None:
+        """From the event loop, as ``hurry_threadsafe``: the loop's flusher runs the batch."""
+        with self._lock:
+            idle = not self._busy and bool(self._pending)
+            if idle:
+                self._busy = True
+        if idle:
+            self._kick.set()
+
+    def _tick(self) -> None:
+        """On the loop, every LINGER_SECONDS while writes are deferred: start a batch for deferred writes that
+        waited that long with no batch running (a running batch takes them when it ends)."""
+        with self._lock:
+            if self._closed or (not self._pending and self._idle_ticks >= _IDLE_TICKS):
+                self._ticking = False
+                return
+            self._idle_ticks += 1
+            due = (not self._busy and bool(self._pending) and self._waiting_since is not None
+                   and time.monotonic() - self._waiting_since >= LINGER_SECONDS)
+            if due:
+                self._busy = True
+        if due:
+            self._kick.set()
+        assert self._loop is not None
+        self._loop.call_later(LINGER_SECONDS, self._tick)
+
     # -- flushing -----------------------------------------------------------------------------------------
 
     def _take(self) -> list[tuple[Item, Waiter]]:
@@ -195,6 +269,8 @@ class WriteBatcher:
         batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
         if not batch:
             self._busy = False
+        elif self._pending:
+            self._waiting_since = time.monotonic()
         return batch
 
     def _plan(self, batch: list[tuple[Item, Waiter]]) -> _Plan:
@@ -379,6 +455,9 @@ class _Plan:
                     if not self._refuse(group, exc):
                         raise
                     for one in group if len(group) > 1 else ():
+                        if (step := self._refused_step_of(one)) is not None:
+                            self.refused[id(one[1])] = step  # see _refused_step_of
+                            continue
                         try:
                             yield from self._write([one], citus)
                         except Exception as single:
@@ -422,6 +501,19 @@ class _Plan:
         elif calls:
             written = yield calls[0]
         self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
+
+    def _refused_step_of(self, write: tuple[Item, Waiter]) -> BaseException | None:
+        """For a completion written one write at a time: the refusal of a step of the same attempt refused
+        earlier in the batch (a deferred checkpoint), if any. Such a completion is refused too, not written:
+        the workflow's result was computed from a step value that is not recorded."""
+        item = write[0]
+        if not isinstance(item, Completion):
+            return None
+        for other, waiter in self.writes:
+            if (isinstance(other, StepWrite) and other.execution_id == item.execution_id
+                    and other.attempt == item.attempt and id(waiter) in self.refused):
+                return self.refused[id(waiter)]
+        return None
 
     def _refuse(self, writes: Sequence[tuple[Item, Waiter]], exc: BaseException) -> bool:
         """After the database refused ``writes`` for their data: a single write is marked refused, several

@@ -8,13 +8,18 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from . import failures, store
-from .batcher import StepWrite, ThreadWaiter, WriteBatcher
-from .errors import ConfigurationError, LeaseLost, NonDeterminismError
+from .batcher import StepWrite, ThreadWaiter, Waiter, WriteBatcher
+from .effects import Defer
+from .errors import ConfigurationError, LeaseLost, NonDeterminismError, SerializationError
 from .serialization import Serializer
+
+_SYNC_ON_LOOP = ("a sync pgdurable primitive was called from an async workflow; use its _async form (for example "
+                 "`await pgdurable.sleep_async(...)`)")
 
 _current: ContextVar[ExecutionContext | None] = ContextVar("pgdurable_execution", default=None)
 # True while a step body runs: steps called from inside a step are plain calls, not checkpoints.
@@ -32,6 +37,15 @@ def current_workflow_id() -> str | None:
     """The id of the workflow execution this code runs in, or None outside a workflow."""
     ctx = _current.get()
     return ctx.execution_id if ctx else None
+
+
+@dataclass(slots=True)
+class Unwritten:
+    """A step checkpoint handed to the writer without waiting (``ExecutionContext.defer_step``)."""
+
+    write: StepWrite
+    waiter: Waiter
+    ended_at: datetime  # when the step returned, for metrics and tracing
 
 
 class ExecutionContext:
@@ -64,6 +78,13 @@ class ExecutionContext:
         # Metrics and tracing: the observers, and what workflow_started returned for this attempt.
         self.observers = observers
         self.telemetry: Any = None
+        # Step checkpoints handed to the writer and not yet known written: settled before the workflow's next
+        # durable operation (see defer_step), or with its completion.
+        self.unwritten: list[Unwritten] = []
+        # Set when this attempt gave up so that the execution replays at once (a deferred checkpoint the
+        # database refused): the executor hands the execution back to the queue instead of letting its lease
+        # run out.
+        self.replay_now = False
 
     def lease_ran_out(self) -> bool:
         return self.lease_ends_by is not None and time.monotonic() > self.lease_ends_by
@@ -148,8 +169,9 @@ class ExecutionContext:
         """Run one effect of a primitive from a sync workflow's thread: a StepWrite (True if recorded), a
         list of them (recorded or not, each), or a store.Call (its result), on the worker's writer."""
         if self._on_loop_thread():
-            raise ConfigurationError("a sync pgdurable primitive was called from an async workflow; use its "
-                                     "_async form (for example `await pgdurable.sleep_async(...)`)")
+            raise ConfigurationError(_SYNC_ON_LOOP)
+        if isinstance(effect, Defer):
+            return self.defer_step(effect.write)
         if isinstance(effect, list):
             return [w.result() for w in self._batcher.submit_all_threadsafe(effect)]
         waiter: ThreadWaiter
@@ -160,11 +182,83 @@ class ExecutionContext:
         return waiter.result()
 
     async def perform_async(self, effect: Any) -> Any:
+        if isinstance(effect, Defer):
+            return self.defer_step(effect.write)
         if isinstance(effect, list):
             return list(await asyncio.gather(*self._batcher.submit_all(effect)))
         if isinstance(effect, StepWrite):
             return await self._batcher.submit(effect)
         return await self._batcher.run(effect)
+
+    # -- deferred step checkpoints -------------------------------------------------------------------------
+
+    def defer_step(self, write: StepWrite) -> None:
+        """Record a step's outcome without waiting for it: the writer takes it along with the execution's
+        next write (its completion costs no round trip of its own then), or with any other batch, or writes
+        it on its own after ``batcher.LINGER_SECONDS``. The workflow's next durable operation waits for it
+        first (``settle_sync``/``settle_async``), so nothing that operation does can run before the step it
+        follows is recorded."""
+        self.unwritten.append(Unwritten(write, self._batcher.defer(write), self.db_now()))
+
+    def settle_sync(self) -> None:
+        """From a sync workflow's thread: wait until the deferred checkpoints are written."""
+        if not self.unwritten:
+            return
+        if self._on_loop_thread():
+            raise ConfigurationError(_SYNC_ON_LOOP)
+        taken, self.unwritten = self.unwritten, []
+        self._batcher.hurry_threadsafe()
+        for u in taken:
+            assert not isinstance(u.waiter, asyncio.Future)
+            try:
+                recorded, refused = u.waiter.result(), None
+            except SerializationError as exc:
+                recorded, refused = False, exc
+            if refused is not None:
+                self._record_refusal(u, refused, self.perform_sync(self._refusal_write(u, refused)))
+            self._settled(u, recorded)
+
+    async def settle_async(self) -> None:
+        """From the event loop (an async workflow, or the executor finishing any workflow), as ``settle_sync``.
+        A sync workflow's waiters are settled by then: its completion was written after them."""
+        if not self.unwritten:
+            return
+        taken, self.unwritten = self.unwritten, []
+        self._batcher.hurry()
+        for u in taken:
+            try:
+                if isinstance(u.waiter, asyncio.Future):
+                    recorded, refused = await u.waiter, None
+                else:  # a sync workflow's: settled by now, its batch ran before the completion's, which ended
+                    if not u.waiter.done():
+                        raise self.lease_lost(f"step #{u.write.step_id} ({u.write.step_name}) was not written")
+                    recorded, refused = u.waiter.result(), None
+            except SerializationError as exc:
+                recorded, refused = False, exc
+            if refused is not None:
+                self._record_refusal(u, refused, await self.perform_async(self._refusal_write(u, refused)))
+            self._settled(u, recorded)
+
+    def _refusal_write(self, u: Unwritten, refused: SerializationError) -> StepWrite:
+        failure = SerializationError(f"step {u.write.step_name!r} (#{u.write.step_id}) could not be recorded: "
+                                     f"{refused}")
+        return replace(u.write, output=None, error=failures.recordable(failure)[0])
+
+    def _record_refusal(self, u: Unwritten, refused: SerializationError, recorded: bool) -> None:
+        """The database refused a deferred checkpoint (which the serializer's checks let through): the step is
+        recorded as having failed with that error, and this attempt, which went on with the step's value,
+        gives up; the execution replays at once, and the step raises the error as a replay raises it."""
+        self.lost = True
+        self.replay_now = recorded
+        raise LeaseLost(f"execution {self.execution_id}: step #{u.write.step_id} ({u.write.step_name}) could not "
+                        f"be recorded ({refused}); the execution replays from its checkpoints, where the step "
+                        "raises that error") from refused
+
+    def _settled(self, u: Unwritten, recorded: bool) -> None:
+        self.check_recorded(recorded, u.write.step_id, u.write.step_name)
+        if self.observers:
+            self.observers.step_finished(self.telemetry, u.write.step_name, u.write.step_id, u.write.started_at,
+                                         u.ended_at, u.write.error is not None, u.write.tries)
 
     def write_nowait(self, write: StepWrite) -> None:
         """Queue a write without waiting for it: the execution's next write commits after it (or fails)."""

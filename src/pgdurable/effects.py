@@ -27,3 +27,11 @@ class Pause:
     """Wait this long (a retry's backoff) without holding anything."""
 
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Hand a step checkpoint (a ``batcher.StepWrite``) to the worker's writer without waiting for it: see
+    ``ExecutionContext.defer_step``. The plan goes on at once."""
+
+    write: Any

@@ -47,6 +47,8 @@ def _no_statements(effect: Any) -> RuntimeError:
 def drive_sync(ctx: ExecutionContext | None, plan: Plan) -> Any:
     """Run a plan from a sync workflow's thread (``ctx`` None: outside a workflow, where a plan may only call
     and pause, as a transactional step called outside a workflow does)."""
+    if ctx is not None:
+        ctx.settle_sync()  # the step checkpoints this operation follows are written before it starts
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -75,6 +77,8 @@ def drive_sync(ctx: ExecutionContext | None, plan: Plan) -> Any:
 
 async def drive_async(ctx: ExecutionContext | None, plan: Plan) -> Any:
     """Run a plan from an async workflow's task (``ctx`` None: outside a workflow, as in ``drive_sync``)."""
+    if ctx is not None:
+        await ctx.settle_async()
     result: Any = None
     error: BaseException | None = None
     while True:

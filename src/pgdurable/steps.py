@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
 from . import failures
+from .batcher import StepWrite
 from .context import ExecutionContext, _in_step, current
-from .effects import Invoke, Pause
+from .effects import Defer, Invoke, Pause
 from .errors import LeaseLost, NonDeterminismError, SerializationError
-from .plans import Plan, drive_async, drive_sync, record_step
+from .plans import Plan, drive_async, drive_sync
 from .serialization import Signature
 
 P = ParamSpec("P")
@@ -92,8 +93,9 @@ class StepRun:
         return self.policy.retries(exc, self.tries)
 
     def checkpoint(self) -> tuple[int, str, str | None, str | None, int, Any]:
-        """The arguments of ``ctx.record``. A result that cannot be stored becomes the step's own error, and
-        an error is raised as a replay will raise it, so a replay always takes the first run's path."""
+        """Its ``StepWrite``'s fields after the execution's. A result that cannot be stored becomes the step's
+        own error, and an error is raised as a replay will raise it, so a replay always takes the first run's
+        path."""
         output: str | None = None
         if self.failure is None:
             try:
@@ -133,7 +135,8 @@ def step_plan(run: StepRun, body: Invoke) -> Plan:
             except Exception as exc:
                 if (delay := run.failed(exc)) is not None:
                     yield Pause(delay)
-    yield from record_step(run.ctx, *run.checkpoint())
+    # Not waited for: written with the execution's next write, before its next durable operation starts.
+    yield Defer(StepWrite(run.ctx.execution_id, run.ctx.attempt, *run.checkpoint()))
     return run.result()
 
 

@@ -235,6 +235,12 @@ class FakeContext:
     async def perform_async(self, effect: Any) -> Any:
         return self.runner(effect)
 
+    def settle_sync(self) -> None:  # no deferred step checkpoints here: the primitives' plans write directly
+        pass
+
+    async def settle_async(self) -> None:
+        pass
+
     def suspended(self, wake_at: Any) -> None:
         self.lost = True
         self.suspensions.append(wake_at)

@@ -30,6 +30,20 @@ class Done:
             raise self.error
         return self.value
 
+    def done(self) -> bool:
+        return True
+
+
+class Deferred(Done):
+    """A deferred write's waiter: settled when the writer is hurried."""
+
+    def __init__(self, write: StepWrite) -> None:
+        super().__init__()
+        self.write, self.settled = write, False
+
+    def done(self) -> bool:
+        return self.settled
+
 
 class FakeWriter:
     """The worker's writer as the context uses it from a workflow thread: each write is recorded (True) unless
@@ -40,6 +54,7 @@ class FakeWriter:
         self.calls: list[store.Call[Any]] = []
         self.fenced = False
         self.refuse: set[str] = set()
+        self.deferred: list[Deferred] = []
 
     def _write(self, write: StepWrite) -> Done:
         if write.output in self.refuse:
@@ -57,6 +72,16 @@ class FakeWriter:
         self.calls.append(call)
         return Done(f"ran {call.name}")
 
+    def defer(self, write: StepWrite) -> Deferred:
+        self.deferred.append(Deferred(write))
+        return self.deferred[-1]
+
+    def hurry_threadsafe(self) -> None:
+        for waiter in self.deferred:
+            done = self._write(waiter.write)
+            waiter.value, waiter.error, waiter.settled = done.value, done.error, True
+        self.deferred = []
+
 
 def make_ctx(writer: FakeWriter, recorded: dict[int, RecordedStep] | None = None, **kwargs: Any) -> ExecutionContext:
     return ExecutionContext(execution_id="wf-9", workflow_name="flow", attempt=2, recorded=recorded or {},
@@ -69,6 +94,17 @@ def in_workflow(ctx: ExecutionContext, fn: Callable[[], Any]) -> Any:
         ctx.activate()
         return fn()
     return contextvars.copy_context().run(run)
+
+
+def then_settled(ctx: ExecutionContext, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn``, then what the workflow's next durable operation does first: wait for the deferred checkpoints
+    (also when ``fn`` raised, as a workflow that catches the step's error goes on)."""
+    def run() -> Any:
+        try:
+            return fn()
+        finally:
+            ctx.settle_sync()
+    return run
 
 
 # ---- the step counter and replay --------------------------------------------------------------------------
@@ -175,7 +211,11 @@ def test_step_runs_once_and_records_its_output() -> None:
         return x + 1
     step = make_step(add, "add", RetryPolicy())
     writer = FakeWriter()
-    assert in_workflow(make_ctx(writer), lambda: step(1)) == 2
+    ctx = make_ctx(writer)
+    assert in_workflow(ctx, lambda: step(1)) == 2
+    assert writer.writes == [] and len(ctx.unwritten) == 1  # deferred: nothing waited for it
+    in_workflow(ctx, ctx.settle_sync)
+    assert ctx.unwritten == []
     [write] = writer.writes
     assert (write.step_id, write.step_name, write.output, write.error, write.tries) == (0, "add", "2", None, 1)
     replay = make_ctx(FakeWriter(), {0: RecordedStep("add", "2", None)})
@@ -199,8 +239,9 @@ def test_step_retries_then_records_the_failure(monkeypatch: pytest.MonkeyPatch) 
         raise ValueError(f"try {len(attempts)}")
     step = make_step(flaky, "flaky", RetryPolicy(max_attempts=3, interval=1, backoff=3))
     writer = FakeWriter()
+    ctx = make_ctx(writer)
     with pytest.raises(ValueError, match="try 3"):
-        in_workflow(make_ctx(writer), step)
+        in_workflow(ctx, then_settled(ctx, step))
     assert len(attempts) == 3 and slept == [1.0, 3.0]
     [write] = writer.writes
     assert write.output is None and write.tries == 3
@@ -212,8 +253,9 @@ def test_step_retries_then_records_the_failure(monkeypatch: pytest.MonkeyPatch) 
 def test_step_result_that_cannot_be_stored_becomes_its_error() -> None:
     step = make_step(lambda: float("nan"), "nan", RetryPolicy())
     writer = FakeWriter()
+    ctx = make_ctx(writer)
     with pytest.raises(SerializationError, match="cannot be stored") as caught:
-        in_workflow(make_ctx(writer), step)
+        in_workflow(ctx, then_settled(ctx, step))
     [write] = writer.writes
     assert write.output is None
     replayed = make_ctx(FakeWriter(), {0: RecordedStep("nan", None, write.error)})
@@ -223,13 +265,22 @@ def test_step_result_that_cannot_be_stored_becomes_its_error() -> None:
 
 
 def test_step_output_refused_by_the_database_is_recorded_as_its_error() -> None:
+    """The checkpoint was deferred, so the workflow went on with the value: the step is recorded as having
+    failed with the refusal, and the attempt gives up so that the execution replays at once (and the step
+    raises the error there, as a replay does)."""
     step = make_step(lambda: "odd", "odd", RetryPolicy())
     writer = FakeWriter()
     writer.refuse.add('"odd"')
-    with pytest.raises(SerializationError, match="could not be recorded"):
-        in_workflow(make_ctx(writer), step)
+    ctx = make_ctx(writer)
+    assert in_workflow(ctx, step) == "odd"
+    with pytest.raises(LeaseLost, match=r"could not be recorded.*replays"):
+        in_workflow(ctx, ctx.settle_sync)
+    assert ctx.lost and ctx.replay_now
     [write] = writer.writes  # the refusal, recorded in the output's place
     assert write.output is None and "could not be recorded" in json.loads(write.error or "")["message"]
+    replayed = make_ctx(FakeWriter(), {0: RecordedStep("odd", None, write.error)})
+    with pytest.raises(SerializationError, match="could not be recorded"):
+        in_workflow(replayed, step)
 
 
 def test_step_fenced_raises_lease_lost() -> None:
@@ -238,15 +289,42 @@ def test_step_fenced_raises_lease_lost() -> None:
     writer.fenced = True
     ctx = make_ctx(writer)
     with pytest.raises(LeaseLost, match="lost its lease before step #0"):
-        in_workflow(ctx, step)
-    assert ctx.lost
+        in_workflow(ctx, then_settled(ctx, step))
+    assert ctx.lost and not ctx.replay_now
+
+
+def test_the_next_step_starts_after_the_previous_one_is_recorded() -> None:
+    writer = FakeWriter()
+    seen: list[list[int]] = []
+    first = make_step(lambda: 1, "first", RetryPolicy())
+    second = make_step(lambda: seen.append([w.step_id for w in writer.writes]), "second", RetryPolicy())
+    ctx = make_ctx(writer)
+    in_workflow(ctx, lambda: (first(), second()))
+    assert seen == [[0]]  # the first step's checkpoint was written before the second's body ran
+    assert [u.write.step_name for u in ctx.unwritten] == ["second"]
+
+
+def test_metrics_hear_of_a_deferred_step_once_it_is_recorded() -> None:
+    heard: list[tuple[str, bool, int]] = []
+
+    class Observers:
+        def step_finished(self, token: Any, name: str, step_id: int, started_at: datetime, ended_at: datetime,
+                          failed: bool, attempts: int) -> None:
+            assert ended_at >= started_at
+            heard.append((name, failed, attempts))
+    ctx = make_ctx(FakeWriter(), observers=Observers())
+    in_workflow(ctx, make_step(lambda: 1, "one", RetryPolicy()))
+    assert heard == []
+    in_workflow(ctx, ctx.settle_sync)
+    assert heard == [("one", False, 1)]
 
 
 def test_steps_inside_a_step_are_plain_calls() -> None:
     inner = make_step(lambda: "inner", "inner", RetryPolicy())
     outer = make_step(lambda: inner() + "+outer", "outer", RetryPolicy())
     writer = FakeWriter()
-    assert in_workflow(make_ctx(writer), outer) == "inner+outer"
+    ctx = make_ctx(writer)
+    assert in_workflow(ctx, then_settled(ctx, outer)) == "inner+outer"
     assert [w.step_name for w in writer.writes] == ["outer"]
 
 

@@ -153,18 +153,21 @@ class Executor:
             except NonDeterminismError:
                 pass  # parked below
             except (LeaseLost, asyncio.CancelledError):
-                if context.lost:
-                    log.info("execution %s attempt %d: stopped, no longer owned", claimed.id, claimed.attempt)
-                    return
-                raise
+                if not context.lost:
+                    raise
             except Exception as exc:
-                if context.lost:
-                    return
-                if context.replay_mismatch() is None:
+                if not context.lost and context.replay_mismatch() is None:
                     status, output, error = "failed", None, failures.encode(exc)
+            if context.lost:  # whatever the code did after that (it may have caught the LeaseLost)
+                if context.replay_now:
+                    await self._hand_back(claimed)
+                else:
+                    log.info("execution %s attempt %d: stopped, no longer owned", claimed.id, claimed.attempt)
+                return
             if context.mismatch is not None:
                 outcome = "parked"
-                await self._park(claimed, context.mismatch)
+                if await self._settle(context, claimed):
+                    await self._park(claimed, context.mismatch)
                 return
             assert self.batcher is not None
             queue = running.queue
@@ -173,8 +176,14 @@ class Executor:
                                     (self.worker_id, queue) if armed is not None and queue is not None else None)
             self._finishing(running, True)
             try:
+                # In one batch with the checkpoints the workflow deferred (ExecutionContext.defer_step), which
+                # went into the writer's queue before it.
                 completed = await self.batcher.submit(completion)
+                if not await self._settle(context, claimed):
+                    return
             except SerializationError as refused:  # the database refused the result: that is the failure
+                if not await self._settle(context, claimed):  # or a checkpoint the completion waited for
+                    return
                 status, completion.status, completion.output = "failed", "failed", None
                 completion.error = failures.encode(SerializationError(
                     f"the outcome of workflow {claimed.name!r} could not be recorded: {refused}"))
@@ -200,6 +209,24 @@ class Executor:
             if self.running.get(claimed.id) is running:
                 del self.running[claimed.id]
             self._on_free()
+
+    async def _settle(self, context: ExecutionContext, claimed: store.claims.Claimed) -> bool:
+        """The checkpoints the workflow deferred, once written: False if one of them could not be (then this
+        attempt is over, and the execution was handed back to replay if the database refused one)."""
+        try:
+            await context.settle_async()
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+            if context.replay_now:
+                await self._hand_back(claimed)
+            return False
+        return True
+
+    async def _hand_back(self, claimed: store.claims.Claimed) -> None:
+        """Give the execution back to the queue at once (this attempt gave up so that it replays)."""
+        assert self.batcher is not None
+        with contextlib.suppress(Exception):  # if this fails, its lease runs out and it is swept
+            await self.batcher.run(store.claims.release(owner=self.worker_id, ids=[claimed.id]))
 
     async def _park(self, claimed: store.claims.Claimed, reason: str) -> None:
         """The history does not replay on this code: park the execution, writing nothing else, for a worker of
