@@ -215,11 +215,12 @@ class WriteBatcher:
             if self._closed:
                 _not_written([(write, waiter)])
                 return waiter
-            if not self._pending:
+            if not self._pending or self._waiting_since is None:
                 self._waiting_since = time.monotonic()
             self._pending.append((write, waiter))
             self._idle_ticks = 0
-            start, self._ticking = not self._ticking, True
+            start = not self._ticking and self._loop is not None  # (no loop: a unit test's writer)
+            self._ticking = self._ticking or start
         if start:
             if on_loop:
                 self._tick()
@@ -269,8 +270,7 @@ class WriteBatcher:
         batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
         if not batch:
             self._busy = False
-        elif self._pending:
-            self._waiting_since = time.monotonic()
+        self._waiting_since = time.monotonic() if self._pending else None
         return batch
 
     def _plan(self, batch: list[tuple[Item, Waiter]]) -> _Plan:

@@ -207,7 +207,8 @@ class ExecutionContext:
         if self._on_loop_thread():
             raise ConfigurationError(_SYNC_ON_LOOP)
         taken, self.unwritten = self.unwritten, []
-        self._batcher.hurry_threadsafe()
+        if not all(u.waiter.done() for u in taken):  # else a batch now would carry only others' writes
+            self._batcher.hurry_threadsafe()
         for u in taken:
             assert not isinstance(u.waiter, asyncio.Future)
             try:
@@ -224,7 +225,8 @@ class ExecutionContext:
         if not self.unwritten:
             return
         taken, self.unwritten = self.unwritten, []
-        self._batcher.hurry()
+        if not all(u.waiter.done() for u in taken):
+            self._batcher.hurry()
         for u in taken:
             try:
                 if isinstance(u.waiter, asyncio.Future):

@@ -4,6 +4,7 @@ for one write's data split into single writes, against a fake connection (no ser
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -262,6 +263,64 @@ def test_writer_gives_up_after_three_attempts(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(psycopg.OperationalError):
         beat.result()
     assert len(attempts) == 3
+
+
+# ---- deferred writes (a step's checkpoint not waited for) ----------------------------------------------------
+
+def test_a_deferred_write_goes_out_with_the_next_batch() -> None:
+    db = FakeDatabase(owned={("e1", 1)})
+    writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db))  # type: ignore[arg-type,return-value]
+    deferred = writer.defer(step("e1", 1, 0))
+    assert isinstance(deferred, ThreadWaiter) and not deferred.done() and db.statements == []
+    assert writer.submit_threadsafe(done("e1", 1)).result() is True
+    assert deferred.done() and deferred.result() is True
+    assert len(db.statements) == 1  # the step and the completion in one statement
+
+
+def test_hurry_writes_deferred_writes_now() -> None:
+    db = FakeDatabase(owned={("e1", 1)})
+    writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db))  # type: ignore[arg-type,return-value]
+    writer.hurry_threadsafe()  # nothing pending: no statement
+    first, second = writer.defer(step("e1", 1, 0)), writer.defer(step("e1", 1, 1))
+    writer.hurry_threadsafe()
+    assert isinstance(first, ThreadWaiter) and isinstance(second, ThreadWaiter)
+    assert first.result() is True and second.result() is True
+    assert len(db.statements) == 1
+
+
+def test_the_ticker_writes_a_deferred_write_nobody_takes_along() -> None:
+    """On the event loop: a deferred write with no batch after it is written by the ticker after
+    LINGER_SECONDS, and the ticker stops once nothing has been deferred for a while."""
+    db = FakeDatabase(owned={("e1", 1)})
+
+    async def scenario() -> tuple[Any, float]:
+        async def aconnect() -> AsyncFakeConnection:
+            return AsyncFakeConnection(db)
+        writer = WriteBatcher(aconnect, connect=None)  # type: ignore[arg-type]
+        await writer.start()
+        began = time.monotonic()
+        deferred = writer.defer(step("e1", 1, 0))
+        assert isinstance(deferred, asyncio.Future)
+        result = await asyncio.wait_for(deferred, 30)
+        waited = time.monotonic() - began
+        await writer.close()
+        return result, waited
+
+    result, waited = asyncio.run(scenario())
+    assert result is True and len(db.statements) == 1
+    assert waited >= batcher.LINGER_SECONDS  # not before: a completion coming right after would have taken it
+
+
+def test_a_completion_is_not_written_when_a_deferred_step_of_its_attempt_was_refused() -> None:
+    """The batch is split for a refused write: the step is refused alone, and the completion that followed
+    it (its result computed from that step's value) is refused with it, not written."""
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
+    db.refuse = bad_output
+    outcomes = run_plan(db, [step("e1", 1, 0, output='"BAD"'), step("e2", 1, 0), done("e1", 1), done("e2", 1)])
+    assert isinstance(outcomes[0][1], SerializationError) and isinstance(outcomes[2][1], SerializationError)
+    assert outcomes[1] == (True, None) and outcomes[3] == (True, None)
+    assert set(db.completions) == {"e2"} and set(db.steps) == {("e2", 0)}
+    assert ("e1", 1) in db.owned  # e1 is still running: its attempt replays from there
 
 
 # ---- closing ----------------------------------------------------------------------------------------------
