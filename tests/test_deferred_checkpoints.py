@@ -155,3 +155,29 @@ def test_a_checkpoint_the_database_refuses_after_the_workflow_went_on_replays_it
     assert step.step_name == "poisoned" and step.output is None and "no_poison" in (step.error or "")
     row = app.get(handle.workflow_id)
     assert row is not None and row.attempt == 2
+
+
+def test_an_async_workflow_mixing_sync_steps_through_threads(app: pgdurable.App,
+                                                              start_worker: Callable[..., Any]) -> None:
+    """An async workflow may run a sync step through asyncio.to_thread: a checkpoint deferred on the loop is
+    waited for from that thread, and one deferred in the thread from the loop."""
+    @app.step(name="sync_add")
+    def sync_add(x: int) -> int:
+        return x + 1
+
+    @app.step(name="async_add")
+    async def async_add(x: int) -> int:
+        return x + 10
+
+    @app.workflow(name="mixed")
+    async def mixed(x: int) -> int:
+        x = await async_add(x)
+        x = await asyncio.to_thread(sync_add, x)
+        x = await asyncio.to_thread(sync_add, x)
+        return await async_add(x)
+
+    start_worker(app)
+    handle = app.enqueue("mixed", 0)
+    assert handle.result(timeout=WAIT) == 22
+    assert [(s.step_name, s.output) for s in app.steps(handle.workflow_id)] == [
+        ("async_add", "10"), ("sync_add", "11"), ("sync_add", "12"), ("async_add", "22")]

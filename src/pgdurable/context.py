@@ -48,6 +48,10 @@ class Unwritten:
     ended_at: datetime  # when the step returned, for metrics and tracing
 
 
+async def _awaited(future: asyncio.Future[Any]) -> Any:
+    return await future
+
+
 class ExecutionContext:
     """One attempt of one execution, as run by one worker."""
 
@@ -210,9 +214,8 @@ class ExecutionContext:
         if not all(u.waiter.done() for u in taken):  # else a batch now would carry only others' writes
             self._batcher.hurry_threadsafe()
         for u in taken:
-            assert not isinstance(u.waiter, asyncio.Future)
             try:
-                recorded, refused = u.waiter.result(), None
+                recorded, refused = self._result_sync(u.waiter), None
             except SerializationError as exc:
                 recorded, refused = False, exc
             if refused is not None:
@@ -229,17 +232,28 @@ class ExecutionContext:
             self._batcher.hurry()
         for u in taken:
             try:
-                if isinstance(u.waiter, asyncio.Future):
-                    recorded, refused = await u.waiter, None
-                else:  # a sync workflow's: settled by now, its batch ran before the completion's, which ended
-                    if not u.waiter.done():
-                        raise self.lease_lost(f"step #{u.write.step_id} ({u.write.step_name}) was not written")
-                    recorded, refused = u.waiter.result(), None
+                recorded, refused = await self._result_async(u.waiter), None
             except SerializationError as exc:
                 recorded, refused = False, exc
             if refused is not None:
                 self._record_refusal(u, refused, await self.perform_async(self._refusal_write(u, refused)))
             self._settled(u, recorded)
+
+    def _result_sync(self, waiter: Waiter) -> Any:
+        """A deferred write's outcome, from a thread: a future was made on the loop (an async workflow that runs
+        a sync step through ``asyncio.to_thread``), so it is awaited there."""
+        if isinstance(waiter, asyncio.Future):
+            return asyncio.run_coroutine_threadsafe(_awaited(waiter), self.loop).result()
+        return waiter.result()
+
+    async def _result_async(self, waiter: Waiter) -> Any:
+        """A deferred write's outcome, on the loop: a ThreadWaiter (a sync step's) is waited for off the loop
+        unless settled already (as a sync workflow's are by the time its completion returns)."""
+        if isinstance(waiter, asyncio.Future):
+            return await waiter
+        if waiter.done():
+            return waiter.result()
+        return await asyncio.to_thread(waiter.result)
 
     def _refusal_write(self, u: Unwritten, refused: SerializationError) -> StepWrite:
         failure = SerializationError(f"step {u.write.step_name!r} (#{u.write.step_id}) could not be recorded: "
