@@ -55,6 +55,8 @@ class StepWrite:
     error: str | None
     tries: int
     started_at: datetime
+    # Handed over without waiting (ExecutionContext.defer_step): its workflow went on with the step's value.
+    deferred: bool = False
 
 
 @dataclass(slots=True)
@@ -124,6 +126,9 @@ class WriteBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._buckets: dict[str, int] = {}  # execution id -> its bucket, on a schema with the Citus layout
+        # (execution id, attempt) -> why the database refused one of its step checkpoints: that attempt's
+        # completion is refused too, in whatever later batch it comes (see _Plan.refused_steps).
+        self._refused_steps: dict[tuple[str, int], BaseException] = {}
         self._closed = False  # the writer has stopped: whatever is submitted now is not written
         # Deferred writes: the ticker that writes them when nothing else does, and when it last saw one.
         self._ticking = False
@@ -276,7 +281,9 @@ class WriteBatcher:
     def _plan(self, batch: list[tuple[Item, Waiter]]) -> _Plan:
         if len(self._buckets) > _MAX_BUCKETS:
             self._buckets.clear()
-        return _Plan(batch, self._buckets)
+        if len(self._refused_steps) > _MAX_BUCKETS:  # long over: their attempts have ended
+            self._refused_steps.clear()
+        return _Plan(batch, self._buckets, self._refused_steps)
 
     def _lead(self) -> None:
         """In a workflow thread that found the writer idle: run one batch, hand any rest to the loop."""
@@ -403,8 +410,13 @@ class _Plan:
     time, and only the writes refused on their own are reported as refused.
     """
 
-    def __init__(self, batch: list[tuple[Item, Waiter]], buckets: dict[str, int] | None = None) -> None:
+    def __init__(self, batch: list[tuple[Item, Waiter]], buckets: dict[str, int] | None = None,
+                 refused_steps: dict[tuple[str, int], BaseException] | None = None) -> None:
         self.batch = batch
+        # Step checkpoints refused, by (execution id, attempt), in this batch or an earlier one of the writer: a
+        # completion of such an attempt is refused unwritten, since the workflow computed its result from a step
+        # value that is not recorded (a deferred checkpoint: ExecutionContext.defer_step).
+        self.refused_steps = {} if refused_steps is None else refused_steps
         self.writes = [(item, waiter) for item, waiter in batch if not isinstance(item, Statement)]
         self.statements = [(item, waiter) for item, waiter in batch if isinstance(item, Statement)]
         self.written: set[store.checkpoints.WriteKey] = set()  # committed only
@@ -441,6 +453,11 @@ class _Plan:
         several, in one transaction) and receives its result, or has its exception thrown in."""
         todo = [(item, waiter) for item, waiter in self.writes if id(waiter) not in self.settled]
         self.refused = {key: exc for key, exc in self.refused.items() if key in self.settled}
+        for write in todo:
+            if (step := self._refused_step_of(write)) is not None:
+                self.refused[id(write[1])] = step
+                self.settled.add(id(write[1]))
+        todo = [(item, waiter) for item, waiter in todo if id(waiter) not in self.settled]
         unknown = self._unknown(conn, todo)
         if unknown:
             found: dict[str, int] = yield store.claims.buckets_of(unknown)
@@ -456,7 +473,7 @@ class _Plan:
                         raise
                     for one in group if len(group) > 1 else ():
                         if (step := self._refused_step_of(one)) is not None:
-                            self.refused[id(one[1])] = step  # see _refused_step_of
+                            self.refused[id(one[1])] = step  # its step was refused just before, in this loop
                             continue
                         try:
                             yield from self._write([one], citus)
@@ -507,10 +524,12 @@ class _Plan:
         earlier in the batch (a deferred checkpoint), if any. Such a completion is refused too, not written:
         the workflow's result was computed from a step value that is not recorded."""
         item = write[0]
-        if not isinstance(item, Completion):
+        if not isinstance(item, Completion) or not (self.refused or self.refused_steps):
             return None
+        if (earlier := self.refused_steps.get((item.execution_id, item.attempt))) is not None:
+            return earlier
         for other, waiter in self.writes:
-            if (isinstance(other, StepWrite) and other.execution_id == item.execution_id
+            if (isinstance(other, StepWrite) and other.deferred and other.execution_id == item.execution_id
                     and other.attempt == item.attempt and id(waiter) in self.refused):
                 return self.refused[id(waiter)]
         return None
@@ -552,6 +571,8 @@ class _Plan:
             elif (refusal := self.refused.get(id(waiter))) is not None:
                 result, error = None, SerializationError(
                     f"the database refused to store it: {_first_line(refusal)}")
+                if isinstance(item, StepWrite) and item.deferred:
+                    self.refused_steps[(item.execution_id, item.attempt)] = refusal
             else:
                 key = (item.execution_id, item.attempt, item.step_id if isinstance(item, StepWrite) else None)
                 result, error = key in self.written, None

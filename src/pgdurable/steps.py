@@ -136,7 +136,7 @@ def step_plan(run: StepRun, body: Invoke) -> Plan:
                 if (delay := run.failed(exc)) is not None:
                     yield Pause(delay)
     # Not waited for: written with the execution's next write, before its next durable operation starts.
-    yield Defer(StepWrite(run.ctx.execution_id, run.ctx.attempt, *run.checkpoint()))
+    yield Defer(StepWrite(run.ctx.execution_id, run.ctx.attempt, *run.checkpoint(), deferred=True))
     return run.result()
 
 

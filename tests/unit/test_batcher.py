@@ -21,8 +21,9 @@ from .fakes import AsyncFakeConnection, FakeConnection, FakeDatabase
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def step(eid: str, attempt: int, step_id: int, output: str | None = "1", error: str | None = None) -> StepWrite:
-    return StepWrite(eid, attempt, step_id, f"s{step_id}", output, error, 1, T0)
+def step(eid: str, attempt: int, step_id: int, output: str | None = "1", error: str | None = None,
+         deferred: bool = False) -> StepWrite:
+    return StepWrite(eid, attempt, step_id, f"s{step_id}", output, error, 1, T0, deferred)
 
 
 def done(eid: str, attempt: int, output: str | None = '"ok"', status: str = "succeeded") -> Completion:
@@ -316,11 +317,31 @@ def test_a_completion_is_not_written_when_a_deferred_step_of_its_attempt_was_ref
     it (its result computed from that step's value) is refused with it, not written."""
     db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
     db.refuse = bad_output
-    outcomes = run_plan(db, [step("e1", 1, 0, output='"BAD"'), step("e2", 1, 0), done("e1", 1), done("e2", 1)])
+    outcomes = run_plan(db, [step("e1", 1, 0, output='"BAD"', deferred=True), step("e2", 1, 0), done("e1", 1),
+                             done("e2", 1)])
     assert isinstance(outcomes[0][1], SerializationError) and isinstance(outcomes[2][1], SerializationError)
     assert outcomes[1] == (True, None) and outcomes[3] == (True, None)
     assert set(db.completions) == {"e2"} and set(db.steps) == {("e2", 0)}
     assert ("e1", 1) in db.owned  # e1 is still running: its attempt replays from there
+
+
+def test_a_completion_is_not_written_when_its_deferred_step_was_refused_in_an_earlier_batch() -> None:
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1), ("e3", 1)})
+    db.refuse = bad_output
+    writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db))  # type: ignore[arg-type,return-value]
+    refused = writer.defer(step("e1", 1, 0, output='"BAD"', deferred=True))
+    writer.hurry_threadsafe()
+    with pytest.raises(SerializationError):
+        refused.result()  # type: ignore[union-attr]
+    completion = writer.submit_threadsafe(done("e1", 1))
+    with pytest.raises(SerializationError, match="refused"):
+        completion.result()
+    assert "e1" not in db.completions and ("e1", 1) in db.owned
+    # A step that was waited for and refused does not stop its completion (the workflow heard of the refusal
+    # as the step's error); nor does another attempt's refusal.
+    assert _outcome(writer.submit_threadsafe(step("e2", 1, 0, output='"BAD"')))[1] is not None
+    assert writer.submit_threadsafe(done("e2", 1)).result() is True
+    assert writer.submit_threadsafe(done("e3", 1)).result() is True
 
 
 # ---- closing ----------------------------------------------------------------------------------------------
