@@ -45,6 +45,15 @@ def wait_listening(app: pgdurable.App, workers: int = 1) -> None:
                  WAIT, f"{workers} worker(s) to listen")
 
 
+def execute(app: pgdurable.App, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run SQL on the app's schema (tests simulate crashes and inspect state this way)."""
+    app.db.ensure_schema()
+    with psycopg.connect(app.db.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
+        cur = conn.execute(statement.encode(), params)
+        return cur.fetchall() if cur.description else []
+
+
 def execution(app: pgdurable.App, workflow_id: str) -> Any:
     """The execution's row (store.executions.Execution); fails the test if there is none."""
     found = app.get(workflow_id)

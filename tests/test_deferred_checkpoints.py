@@ -9,31 +9,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 import pgdurable
 from pgdurable.errors import SerializationError
-from tests.harness import WAIT, wait_for
-
-
-def query(app: pgdurable.App, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-    app.db.ensure_schema()
-    with psycopg.connect(app.db.conninfo, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
-        cur = conn.execute(statement.encode(), params)
-        return cur.fetchall() if cur.description else []
+from tests.harness import WAIT, execute, wait_for
 
 
 def recorded_steps(app: pgdurable.App, id: str) -> list[int]:
-    return [r[0] for r in query(app, "SELECT step_id FROM operation_outputs WHERE execution_id = %s ORDER BY 1", id)]
+    return [r[0] for r in execute(app, "SELECT step_id FROM operation_outputs WHERE execution_id = %s ORDER BY 1", id)]
 
 
 def writers(app: pgdurable.App, id: str) -> tuple[list[str], str]:
     """The transaction ids (xmin) that wrote each step row, and the one that wrote the finished execution row."""
-    steps = query(app, "SELECT xmin::text FROM operation_outputs WHERE execution_id = %s ORDER BY step_id", id)
-    [(completion,)] = query(app, "SELECT xmin::text FROM workflow_executions WHERE id = %s", id)
+    steps = execute(app, "SELECT xmin::text FROM operation_outputs WHERE execution_id = %s ORDER BY step_id", id)
+    [(completion,)] = execute(app, "SELECT xmin::text FROM workflow_executions WHERE id = %s", id)
     return [x for (x,) in steps], completion
 
 
@@ -124,7 +114,7 @@ def test_a_checkpoint_the_database_refuses_after_the_workflow_went_on_replays_it
     decides again from there. The first run's later code, which saw the value, leaves no trace."""
     app = make_app(lease_seconds=120.0)
     app.migrate()
-    query(app, "ALTER TABLE operation_outputs ADD CONSTRAINT no_poison "
+    execute(app, "ALTER TABLE operation_outputs ADD CONSTRAINT no_poison "
                "CHECK (output IS NULL OR output::text NOT LIKE '%%poison%%') NOT VALID")
     ran: list[str] = []
 

@@ -12,23 +12,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 from pydantic import BaseModel
 
 import pgdurable
 from pgdurable import client
-from tests.harness import WAIT, wait_for, wait_listening
-
-
-def execute(app: pgdurable.App, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Run SQL on the app's schema (tests simulate crashes and inspect state this way)."""
-    app.db.ensure_schema()
-    with psycopg.connect(app.db.conninfo, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app.schema)))
-        cur = conn.execute(statement.encode(), params)
-        return cur.fetchall() if cur.description else []
+from tests.harness import WAIT, execute, wait_for, wait_listening
 
 
 def simulate_crash(app: pgdurable.App, workflow_id: str) -> None:

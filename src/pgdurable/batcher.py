@@ -235,21 +235,21 @@ class WriteBatcher:
 
     def hurry_threadsafe(self) -> None:
         """From a workflow thread about to wait on deferred writes: if no batch runs, run one now."""
-        with self._lock:
-            idle = not self._busy and bool(self._pending)
-            if idle:
-                self._busy = True
-        if idle:
+        if self._take_idle():
             self._lead()
 
     def hurry(self) -> None:
         """From the event loop, as ``hurry_threadsafe``: the loop's flusher runs the batch."""
+        if self._take_idle():
+            self._kick.set()
+
+    def _take_idle(self) -> bool:
+        """Whether writes wait and no batch runs: then the writer is marked busy, and the caller starts one."""
         with self._lock:
             idle = not self._busy and bool(self._pending)
             if idle:
                 self._busy = True
-        if idle:
-            self._kick.set()
+        return idle
 
     def _tick(self) -> None:
         """On the loop, every LINGER_SECONDS while writes are deferred: start a batch for deferred writes that
