@@ -126,9 +126,8 @@ class WriteBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._buckets: dict[str, int] = {}  # execution id -> its bucket, on a schema with the Citus layout
-        # (execution id, attempt) -> why the database refused one of its step checkpoints: that attempt's
-        # completion is refused too, in whatever later batch it comes (see _Plan.refused_steps).
-        self._refused_steps: dict[tuple[str, int], BaseException] = {}
+        # (execution id, attempt) of deferred step checkpoints that were not written (see _Plan.lost_steps).
+        self._lost_steps: dict[tuple[str, int], BaseException | None] = {}
         self._closed = False  # the writer has stopped: whatever is submitted now is not written
         # Deferred writes: the ticker that writes them when nothing else does, and when it last saw one.
         self._ticking = False
@@ -281,9 +280,9 @@ class WriteBatcher:
     def _plan(self, batch: list[tuple[Item, Waiter]]) -> _Plan:
         if len(self._buckets) > _MAX_BUCKETS:
             self._buckets.clear()
-        if len(self._refused_steps) > _MAX_BUCKETS:  # long over: their attempts have ended
-            self._refused_steps.clear()
-        return _Plan(batch, self._buckets, self._refused_steps)
+        if len(self._lost_steps) > _MAX_BUCKETS:  # long over: their attempts have ended
+            self._lost_steps.clear()
+        return _Plan(batch, self._buckets, self._lost_steps)
 
     def _lead(self) -> None:
         """In a workflow thread that found the writer idle: run one batch, hand any rest to the loop."""
@@ -411,12 +410,13 @@ class _Plan:
     """
 
     def __init__(self, batch: list[tuple[Item, Waiter]], buckets: dict[str, int] | None = None,
-                 refused_steps: dict[tuple[str, int], BaseException] | None = None) -> None:
+                 lost_steps: dict[tuple[str, int], BaseException | None] | None = None) -> None:
         self.batch = batch
-        # Step checkpoints refused, by (execution id, attempt), in this batch or an earlier one of the writer: a
-        # completion of such an attempt is refused unwritten, since the workflow computed its result from a step
-        # value that is not recorded (a deferred checkpoint: ExecutionContext.defer_step).
-        self.refused_steps = {} if refused_steps is None else refused_steps
+        # Deferred step checkpoints (ExecutionContext.defer_step) that an earlier batch of the writer did not
+        # write, by (execution id, attempt): the database's refusal, or None (the batch failed, or the attempt
+        # was fenced). The workflow went on with the step's value, so that attempt's completion is not written
+        # either: refused with the step's refusal, or reported not written (its execution replays).
+        self.lost_steps = {} if lost_steps is None else lost_steps
         self.writes = [(item, waiter) for item, waiter in batch if not isinstance(item, Statement)]
         self.statements = [(item, waiter) for item, waiter in batch if isinstance(item, Statement)]
         self.written: set[store.checkpoints.WriteKey] = set()  # committed only
@@ -453,10 +453,11 @@ class _Plan:
         several, in one transaction) and receives its result, or has its exception thrown in."""
         todo = [(item, waiter) for item, waiter in self.writes if id(waiter) not in self.settled]
         self.refused = {key: exc for key, exc in self.refused.items() if key in self.settled}
-        for write in todo:
-            if (step := self._refused_step_of(write)) is not None:
-                self.refused[id(write[1])] = step
-                self.settled.add(id(write[1]))
+        for write, waiter in todo:
+            if isinstance(write, Completion) and (write.execution_id, write.attempt) in self.lost_steps:
+                if (refusal := self.lost_steps[(write.execution_id, write.attempt)]) is not None:
+                    self.refused[id(waiter)] = refusal
+                self.settled.add(id(waiter))  # not written: reported so
         todo = [(item, waiter) for item, waiter in todo if id(waiter) not in self.settled]
         unknown = self._unknown(conn, todo)
         if unknown:
@@ -520,14 +521,12 @@ class _Plan:
         self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
 
     def _refused_step_of(self, write: tuple[Item, Waiter]) -> BaseException | None:
-        """For a completion written one write at a time: the refusal of a step of the same attempt refused
-        earlier in the batch (a deferred checkpoint), if any. Such a completion is refused too, not written:
-        the workflow's result was computed from a step value that is not recorded."""
+        """For a completion written one write at a time: the refusal of a deferred step checkpoint of the same
+        attempt refused earlier in this batch, if any. Such a completion is refused too, not written: the
+        workflow's result was computed from a step value that is not recorded."""
         item = write[0]
-        if not isinstance(item, Completion) or not (self.refused or self.refused_steps):
+        if not isinstance(item, Completion) or not self.refused:
             return None
-        if (earlier := self.refused_steps.get((item.execution_id, item.attempt))) is not None:
-            return earlier
         for other, waiter in self.writes:
             if (isinstance(other, StepWrite) and other.deferred and other.execution_id == item.execution_id
                     and other.attempt == item.attempt and id(waiter) in self.refused):
@@ -572,10 +571,12 @@ class _Plan:
                 result, error = None, SerializationError(
                     f"the database refused to store it: {_first_line(refusal)}")
                 if isinstance(item, StepWrite) and item.deferred:
-                    self.refused_steps[(item.execution_id, item.attempt)] = refusal
+                    self.lost_steps[(item.execution_id, item.attempt)] = refusal
             else:
                 key = (item.execution_id, item.attempt, item.step_id if isinstance(item, StepWrite) else None)
                 result, error = key in self.written, None
+                if not result and isinstance(item, StepWrite) and item.deferred:
+                    self.lost_steps.setdefault((item.execution_id, item.attempt), None)
             if isinstance(waiter, ThreadWaiter):
                 waiter.settle(result, error)
             elif loop is None:

@@ -344,6 +344,30 @@ def test_a_completion_is_not_written_when_its_deferred_step_was_refused_in_an_ea
     assert writer.submit_threadsafe(done("e3", 1)).result() is True
 
 
+def test_a_completion_is_not_written_when_its_deferred_step_was_lost_with_a_failed_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the chaos test on Citus (a node restarted): a deferred checkpoint went out in a batch that
+    failed outright, and the completion, in a later batch, committed without it. Now that completion is
+    reported not written (its execution replays, the step runs again); other executions' are written."""
+    monkeypatch.setattr(batcher.time, "sleep", lambda seconds: None)
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
+    down = [True]
+
+    def connect() -> FakeConnection:
+        if down[0]:
+            raise psycopg.OperationalError("the database system is starting up")
+        return FakeConnection(db)
+    writer = WriteBatcher(aconnect=None, connect=connect)  # type: ignore[arg-type]
+    lost = writer.defer(step("e1", 1, 0, deferred=True))
+    waited = writer.defer(step("e2", 1, 0))  # not deferred by a workflow that went on: its workflow waits
+    writer.hurry_threadsafe()  # three attempts, all failed
+    assert lost.result() is False and waited.result() is False  # type: ignore[union-attr]
+    down[0] = False
+    assert writer.submit_threadsafe(done("e1", 1)).result() is False
+    assert writer.submit_threadsafe(done("e2", 1)).result() is True
+    assert set(db.completions) == {"e2"} and ("e1", 1) in db.owned
+
+
 # ---- closing ----------------------------------------------------------------------------------------------
 
 def test_closing_the_writer_settles_what_it_will_never_write() -> None:

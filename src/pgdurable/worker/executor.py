@@ -211,8 +211,11 @@ class Executor:
             self._on_free()
 
     async def _settle(self, context: ExecutionContext, claimed: store.claims.Claimed) -> bool:
-        """The checkpoints the workflow deferred, once written: False if one of them could not be (then this
-        attempt is over, and the execution was handed back to replay if the database refused one)."""
+        """The checkpoints the workflow deferred, once written: False if one of them was not (refused, fenced,
+        or lost with a failed batch; the completion was then not written either). This attempt is over: the
+        execution replays, at once if the database refused a checkpoint (handed back to the queue: this attempt
+        still owned it a moment ago), else once its lease runs out (this worker may own a newer attempt of it
+        by then, which a hand-back by owner would take away)."""
         try:
             await context.settle_async()
         except LeaseLost as exc:
