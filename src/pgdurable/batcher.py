@@ -365,9 +365,11 @@ def _not_written(batch: list[tuple[Item, Waiter]]) -> None:
 
 @dataclass(frozen=True)
 class _Atomic:
-    """Statements a batch runs in one transaction."""
+    """Two statements a batch runs in one transaction: ``first``, then what ``then`` makes of its result (or
+    nothing, if it returns None)."""
 
-    calls: list[store.Call[Any]]
+    first: store.Call[Any]
+    then: Callable[[Any], store.Call[Any] | None]
 
 
 _DONE = object()  # what _resume returns once a plan has ended
@@ -385,14 +387,20 @@ def _run_request(conn: psycopg.Connection[Any], request: store.Call[Any] | _Atom
     if not isinstance(request, _Atomic):
         return store.run(conn, request)
     with conn.transaction():
-        return [store.run(conn, call) for call in request.calls]
+        results = [store.run(conn, request.first)]
+        if (second := request.then(results[0])) is not None:
+            results.append(store.run(conn, second))
+        return results
 
 
 async def _arun_request(conn: psycopg.AsyncConnection[Any], request: store.Call[Any] | _Atomic) -> Any:
     if not isinstance(request, _Atomic):
         return await store.arun(conn, request)
     async with conn.transaction():
-        return [await store.arun(conn, call) for call in request.calls]
+        results = [await store.arun(conn, request.first)]
+        if (second := request.then(results[0])) is not None:
+            results.append(await store.arun(conn, second))
+        return results
 
 
 class _Plan:
@@ -513,12 +521,28 @@ class _Plan:
 
     def _write(self, writes: Sequence[tuple[Item, Waiter]], citus: bool) -> Generator[Any, Any, None]:
         calls, written = _write_calls(writes, citus), set[store.checkpoints.WriteKey]()
-        if len(calls) > 1:  # both kinds on Citus: still one commit
-            for rows in (yield _Atomic(calls)):
+        if len(calls) > 1:  # both kinds on Citus: still one commit, the steps' statement first
+            def completions(steps: set[store.checkpoints.WriteKey]) -> store.Call[Any] | None:
+                # A bucket whose node could not be reached is left out of the steps' statement (its steps
+                # reported not written), and may be reachable again for the completions': a completion whose
+                # deferred steps were not written is not written either (the workflow went on with them).
+                done = self._completable(writes, self.written | steps)
+                return _write_calls(done, citus)[0] if done else None
+            for rows in (yield _Atomic(calls[0], completions)):
                 written.update(rows)
         elif calls:
             written = yield calls[0]
         self.written.update(written)  # only once committed: a rolled-back statement wrote nothing
+
+    @staticmethod
+    def _completable(writes: Sequence[tuple[Item, Waiter]], written: set[store.checkpoints.WriteKey]
+                     ) -> list[tuple[Item, Waiter]]:
+        """The completions of ``writes`` whose attempt's deferred step checkpoints in ``writes`` are written."""
+        unwritten = {(item.execution_id, item.attempt) for item, _ in writes
+                     if isinstance(item, StepWrite) and item.deferred
+                     and (item.execution_id, item.attempt, item.step_id) not in written}
+        return [(item, waiter) for item, waiter in writes
+                if isinstance(item, Completion) and (item.execution_id, item.attempt) not in unwritten]
 
     def _refused_step_of(self, write: tuple[Item, Waiter]) -> BaseException | None:
         """For a completion written one write at a time: the refusal of a deferred step checkpoint of the same

@@ -49,6 +49,9 @@ class FakeDatabase:
         self.statements: list[list[list[Any]]] = []  # the rows of every write statement, in order
         self.bells: list[list[list[str]]] = []  # the doorbells armed by every completion statement, in order
         self.after_statement: Callable[[], None] = lambda: None
+        # Executions whose step rows are left out without an error, as citus_write_steps leaves out a bucket
+        # whose worker node cannot be reached.
+        self.unreachable_steps: set[str] = set()
         self._txn: list[Callable[[], None]] | None = None
 
     # -- one statement ----------------------------------------------------------------------------------
@@ -82,7 +85,8 @@ class FakeDatabase:
         for row in rows:
             if len(row) == 8:  # [execution_id, attempt, step_id, step_name, tries, started_at, output, error]
                 eid, attempt, step_id = row[0], row[1], row[2]
-                if (eid, attempt) in self.owned and (eid, step_id) not in self.steps:
+                if ((eid, attempt) in self.owned and (eid, step_id) not in self.steps
+                        and eid not in self.unreachable_steps):
                     self.steps[(eid, step_id)] = tuple(row)
                     undo.append(lambda k=(eid, step_id): self.steps.pop(k))
                     written.append((eid, attempt, step_id))
