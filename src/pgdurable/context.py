@@ -59,7 +59,7 @@ class ExecutionContext:
                  recorded: dict[int, store.checkpoints.RecordedStep], serializer: Serializer,
                  batcher: WriteBatcher, loop: asyncio.AbstractEventLoop, db_now: datetime | None = None,
                  on_suspend: Callable[[datetime | None], None] | None = None,
-                 observers: Any = None) -> None:
+                 observers: Any = None, defer_checkpoints: bool = True) -> None:
         self.execution_id = execution_id
         self.workflow_name = workflow_name
         self.attempt = attempt
@@ -85,6 +85,9 @@ class ExecutionContext:
         # Step checkpoints handed to the writer and not yet known written: settled before the workflow's next
         # durable operation (see defer_step), or with its completion.
         self.unwritten: list[Unwritten] = []
+        # Whether steps defer their checkpoints (not on a Citus schema: there a batch's steps and completions
+        # are separate statements, and a step waits for its own, as before deferring existed).
+        self.defer_checkpoints = defer_checkpoints
         # Set when this attempt gave up so that the execution replays at once (a deferred checkpoint the
         # database refused): the executor hands the execution back to the queue instead of letting its lease
         # run out.

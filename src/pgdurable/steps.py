@@ -19,7 +19,7 @@ from .batcher import StepWrite
 from .context import ExecutionContext, _in_step, current
 from .effects import Defer, Invoke, Pause
 from .errors import LeaseLost, NonDeterminismError, SerializationError
-from .plans import Plan, drive_async, drive_sync
+from .plans import Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
 
 P = ParamSpec("P")
@@ -135,8 +135,11 @@ def step_plan(run: StepRun, body: Invoke) -> Plan:
             except Exception as exc:
                 if (delay := run.failed(exc)) is not None:
                     yield Pause(delay)
-    # Not waited for: written with the execution's next write, before its next durable operation starts.
-    yield Defer(StepWrite(run.ctx.execution_id, run.ctx.attempt, *run.checkpoint(), deferred=True))
+    if run.ctx.defer_checkpoints:
+        # Not waited for: written with the execution's next write, before its next durable operation starts.
+        yield Defer(StepWrite(run.ctx.execution_id, run.ctx.attempt, *run.checkpoint(), deferred=True))
+    else:
+        yield from record_step(run.ctx, *run.checkpoint())
     return run.result()
 
 

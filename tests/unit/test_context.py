@@ -223,6 +223,13 @@ def test_step_runs_once_and_records_its_output() -> None:
     assert calls == [1]  # not run again on replay
 
 
+def test_on_citus_a_step_waits_for_its_checkpoint() -> None:
+    writer = FakeWriter()
+    ctx = make_ctx(writer, defer_checkpoints=False)
+    assert in_workflow(ctx, lambda: make_step(lambda: 5, "five", RetryPolicy())()) == 5
+    assert [w.output for w in writer.writes] == ["5"] and ctx.unwritten == []
+
+
 def test_step_outside_a_workflow_is_a_plain_call() -> None:
     step = make_step(lambda: "plain", "plain", RetryPolicy())
     assert step() == "plain"

@@ -125,7 +125,8 @@ class Executor:
         context = ExecutionContext(
             execution_id=claimed.id, workflow_name=claimed.name, attempt=claimed.attempt, recorded=recorded,
             serializer=self.runtime.serializer, batcher=self.batcher, loop=self.loop, db_now=claimed.db_now,
-            on_suspend=functools.partial(self._on_suspend, claimed.id), observers=self.observers)
+            on_suspend=functools.partial(self._on_suspend, claimed.id), observers=self.observers,
+            defer_checkpoints=not self.runtime.db.distributed)
         # The claim's lease (now() + lease on the server) ends before this moment's lease does.
         context.lease_ends_by = time.monotonic() + self.runtime.settings.lease_seconds
         if self.observers:
