@@ -461,7 +461,7 @@ class _Plan:
         several, in one transaction) and receives its result, or has its exception thrown in."""
         todo = [(item, waiter) for item, waiter in self.writes if id(waiter) not in self.settled]
         self.refused = {key: exc for key, exc in self.refused.items() if key in self.settled}
-        for write, waiter in todo:
+        for write, waiter in todo if self.lost_steps else ():  # (empty but after a failure: the hot path)
             if isinstance(write, Completion) and (write.execution_id, write.attempt) in self.lost_steps:
                 if (refusal := self.lost_steps[(write.execution_id, write.attempt)]) is not None:
                     self.refused[id(waiter)] = refusal
