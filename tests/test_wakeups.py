@@ -314,7 +314,7 @@ def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str
             waiter.execute(_query("await_status"), {"id": "first-completer"}).fetchone()))
         looking.start()
         looking.join(0.5)
-        assert looking.is_alive()  # blocked on the completion's row lock
+        assert looking.is_alive()  # blocked on the completion's registration lock
         completer.commit()
         looking.join(WAIT)
         waiter.commit()
@@ -325,7 +325,7 @@ def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str
         finishing = threading.Thread(target=lambda: (finish(completer, "first-waiter"), completer.commit()))
         finishing.start()
         finishing.join(0.5)
-        assert finishing.is_alive()  # blocked on the registration's FOR KEY SHARE
+        assert finishing.is_alive()  # blocked on the registration's lock
         waiter.commit()
         finishing.join(WAIT)
         assert not finishing.is_alive()
@@ -337,8 +337,8 @@ def test_a_registration_and_a_completion_in_flight_are_ordered(database_url: str
 
 def test_a_claim_takes_work_whose_waiter_is_registering(database_url: str, schema: str,
                                                        db: psycopg.Connection[Any]) -> None:
-    """A result wait registering an enqueued execution (app.enqueue(...) then result()) holds its row FOR KEY
-    SHARE until it commits; the claim that the enqueue's own wake-up caused must not pass over that row."""
+    """A result wait registering an enqueued execution (app.enqueue(...) then result()) is still open; the
+    claim that the enqueue's own wake-up caused must not pass over that row (the registration locks no row)."""
     db.execute("SELECT enqueue_workflow('flow', '{}', 'q', 'awaited-at-once')")
     waiter = psycopg.connect(database_url)
     try:
@@ -355,13 +355,20 @@ def test_a_claim_takes_work_whose_waiter_is_registering(database_url: str, schem
     assert db.execute("SELECT execution_id FROM awaited_executions").fetchall() == [("awaited-at-once",)]
 
 
+@pytest.mark.parametrize("outcome", ["small", "toasted"])
 def test_racing_registrations_and_completions_never_lose_a_wake_up(database_url: str, schema: str,
                                                                   db: psycopg.Connection[Any],
-                                                                  done_channel: Callable[[], list[str]]) -> None:
+                                                                  done_channel: Callable[[], list[str]],
+                                                                  outcome: str) -> None:
     """Registrations and completions (from enqueued and from running) sent at the same moment, many times:
     every wait either reads the finished status or is notified. A lost wake-up would leave a waiter asleep
-    until its re-check."""
+    until its re-check. "toasted": each completion stores an outcome too long to keep in the row, so every
+    completing UPDATE takes heap_update's path that marks the old row locked and lets go of its page while it
+    stores the outcome out of line (the window in which PostgreSQL 15 loses a concurrent FOR KEY SHARE)."""
     n = 150
+    # Random hex does not compress: 6,000 bytes are stored out of line.
+    output = '"1"' if outcome == "small" else '"' + random.Random(7).randbytes(3000).hex() + '"'
+
     ids = [f"race-{i}" for i in range(n)]
     # The waiter starts up to 0.6 ms after the completer: sometimes before, sometimes during, sometimes after it.
     lags = [random.Random(i).uniform(0, 0.0006) for i in range(n)]
@@ -381,8 +388,8 @@ def test_racing_registrations_and_completions_never_lose_a_wake_up(database_url:
         def complete() -> None:
             for id_ in ids:
                 start.wait(WAIT)
-                completer.execute("UPDATE workflow_executions SET status = 'succeeded', output = '1', owner_id = NULL,"
-                                  " lease_expires = NULL WHERE id = %s", (id_,))
+                completer.execute("UPDATE workflow_executions SET status = 'succeeded', output = %s::jsonb, "
+                                  "owner_id = NULL, lease_expires = NULL WHERE id = %s", (output, id_))
 
         completing = threading.Thread(target=complete)
         completing.start()
@@ -414,9 +421,9 @@ def test_racing_registrations_and_completions_never_lose_a_wake_up(database_url:
 def test_a_wait_that_registers_between_a_completions_update_and_its_trigger_is_notified(
         database_url: str, schema: str, db: psycopg.Connection[Any], done_channel: Callable[[], list[str]]) -> None:
     """The narrowest window of the race above, held open on purpose: the completion has updated the row (the
-    wait still reads it unfinished, and its FOR KEY SHARE does not wait for that update) but its trigger has
-    not yet looked for registrations. The wait's lock follows the update to the row's new version, so the
-    trigger's FOR UPDATE waits for the registration to commit, then sees it and notifies."""
+    wait still reads it unfinished) but its trigger has not yet looked for registrations. The wait holds the
+    registration lock shared until it commits, so the trigger, which takes that lock exclusively, waits for
+    the registration, then sees it and notifies."""
     db.execute("SELECT enqueue_workflow('flow', '{}', 'q', 'x')")
     # A trigger that fires after the update and before the engine's (triggers fire in name order), and holds
     # the completion there until the test lets go of an advisory lock.
@@ -435,19 +442,19 @@ def test_a_wait_that_registers_between_a_completions_update_and_its_trigger_is_n
             "UPDATE workflow_executions SET status = 'succeeded', output = '1' WHERE id = 'x'"))
         completing.start()
 
-        def completer_waits_on(kind: str) -> bool:
-            row = db.execute("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
-                             (completer_pid,)).fetchone()
-            return row is not None and row[0] == "Lock" and row[1] == kind
+        def completer_waits_for(objsubid: int) -> bool:
+            # The test's hold is a one-key advisory lock (objsubid 1); the registration lock has two keys (2).
+            row = db.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted AND locktype = 'advisory'"
+                             " AND objsubid = %s", (completer_pid, objsubid)).fetchone()
+            return row == (1,)
 
-        wait_for(lambda: completer_waits_on("advisory"), WAIT, "the completion to stop inside its update")
+        wait_for(lambda: completer_waits_for(1), WAIT, "the completion to stop inside its update")
         with waiter.transaction():  # the registration stays uncommitted while the completion goes on
             row = waiter.execute(_query("await_status"), {"id": "x"}).fetchone()
             assert row is not None and row[0] == "enqueued"  # the update is not committed: unfinished
             db.execute("SELECT pg_advisory_unlock(7001)")
-            # The engine's trigger now locks the new version FOR UPDATE: it waits for this registration.
-            wait_for(lambda: completer_waits_on("transactionid") or completer_waits_on("tuple"), WAIT,
-                     "the completion's trigger to wait for the registration")
+            # The engine's trigger now takes the registration lock exclusively: it waits for this registration.
+            wait_for(lambda: completer_waits_for(2), WAIT, "the completion's trigger to wait for the registration")
         completing.join(WAIT)
         assert not completing.is_alive()
     finally:

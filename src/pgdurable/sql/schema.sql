@@ -453,9 +453,12 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 
 -- Executions someone waits for the outcome of (a result wait outside workflows registers its execution
 -- before it sleeps): their completion alone sends a NOTIFY ("_result" with the outcome, or "_done" with the
--- id), so finishing work nobody waits for does not serialise the workers' commits. The registration locks
--- the execution FOR KEY SHARE (await_execution_v2), which orders it with a completion in flight: either the
--- wait sees the finished status, or the completion, which deletes the row, sees the registration.
+-- id), so finishing work nobody waits for does not serialise the workers' commits. A registration and a
+-- completion of the same execution are ordered by an advisory lock, pg_advisory_xact_lock('awaited_executions'
+-- ::regclass::oid::integer, hashtext(execution_id)), held shared by the registration (await_execution_v2)
+-- and exclusively by the completion's trigger: either the wait sees the finished status, or the completion,
+-- which deletes the row, sees the registration. (Not a row lock: PostgreSQL can lose a FOR KEY SHARE taken
+-- while an UPDATE moves the row to another page; migration 0028 says how.)
 CREATE TABLE awaited_executions (
     execution_id text        NOT NULL,
     since        timestamptz NOT NULL DEFAULT now(),
@@ -534,9 +537,9 @@ BEGIN
         PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
         -- Only a finished execution someone waits for notifies its waiters (see awaited_executions). A
-        -- waiter registering right now holds the row FOR KEY SHARE (await_execution_v2), which this lock
-        -- waits for: the DELETE below, a new statement, then sees its registration.
-        PERFORM FROM workflow_executions e WHERE e.id = NEW.id FOR UPDATE;
+        -- waiter registering right now holds the registration lock shared (await_execution_v2); taking it
+        -- exclusively waits for that registration to commit, and the DELETE below, a new statement, sees it.
+        PERFORM pg_advisory_xact_lock('awaited_executions'::regclass::oid::integer, hashtext(NEW.id));
         FOR carried IN DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id RETURNING a.carry_result LOOP
             IF carried THEN
                 -- A JSON array [id, status, this transaction's id], a newline, then the output of a success
@@ -570,14 +573,14 @@ END;
 $$;
 
 -- The status of an execution about to be waited for, registering an unfinished one as awaited (its
--- completion then notifies); one round trip. A finished one is only read. An unfinished one is locked FOR
--- KEY SHARE, a lock that a claim (FOR NO KEY UPDATE SKIP LOCKED) does not skip and that a completion waits
--- for (its trigger locks the finished row FOR UPDATE before it looks for registrations), then read again in
--- a statement of its own, which sees a completion that committed while the lock waited for it. Either the
--- wait sees the finished status, or the completion sees the registration. With carry_result, the
--- completion's notification carries the outcome ("_result"); without, it carries the id ("_done"). seen:
--- the snapshot of the look that found it unfinished. A "_result" notification names the transaction that
--- sent it: one visible in seen finished an earlier run (before a resume), and its outcome is not this wait's.
+-- completion then notifies); one round trip. A finished one is only read. For an unfinished one the wait
+-- takes the registration lock (shared; a completing execution holds it exclusively from its trigger until
+-- it commits), then reads again in a statement of its own, which sees a completion that committed while the
+-- lock waited for it. Either the wait sees the finished status, or the completion, waiting for the
+-- registration's lock, sees the registration. With carry_result, the completion's notification carries the
+-- outcome ("_result"); without, it carries the id ("_done"). seen: the snapshot of the look that found it
+-- unfinished. A "_result" notification names the transaction that sent it: one visible in seen finished an
+-- earlier run (before a resume), and its outcome is not this wait's.
 CREATE FUNCTION await_execution_v2(awaited_id text, carry_result boolean)
 RETURNS TABLE (status text, output jsonb, error jsonb, seen pg_snapshot)
 LANGUAGE plpgsql
@@ -589,7 +592,7 @@ BEGIN
         RETURN;
     END IF;
     IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
-        PERFORM FROM workflow_executions e WHERE e.id = awaited_id FOR KEY SHARE;
+        PERFORM pg_advisory_xact_lock_shared('awaited_executions'::regclass::oid::integer, hashtext(awaited_id));
         SELECT e.status, e.output, e.error, pg_current_snapshot() INTO status, output, error, seen
         FROM workflow_executions e WHERE e.id = awaited_id;
         IF NOT FOUND THEN
@@ -1214,7 +1217,7 @@ $$;
 -- stamped and returned are durable time (clock_now(), read once); the lease and the rate window are not.
 -- adopt_after (seconds, NULL: never) lets it take executions of versions with no live worker (adoption),
 -- and previous_version says which version each claimed execution had. Its walk locks FOR NO KEY UPDATE, as
--- the plain claim does, so that a result waiter's FOR KEY SHARE does not hide a row from it (version 21).
+-- the plain claim does (the lock its update takes anyway).
 CREATE FUNCTION claim_with_policy_v2(queue_name text, names text[], owner text, lease double precision,
                                      max_claims integer, version text, adopt_after double precision)
 RETURNS TABLE (id text, name text, attempt integer, input jsonb, db_now timestamptz, has_history boolean,

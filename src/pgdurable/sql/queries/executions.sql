@@ -77,8 +77,8 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- Take up to %(limit)s runnable executions of one queue: mark them running, owned by this worker, with a
 -- fresh lease and a new attempt number (the fencing token). Equality on the queue lets the scan follow
 -- workflow_executions_claim_idx in order and stop after LIMIT rows, however long the backlog is.
--- SKIP LOCKED lets concurrent workers claim different rows; FOR NO KEY UPDATE (the lock the update takes
--- anyway) does not skip a row that a result waiter holds FOR KEY SHARE (await_execution_v1). An execution
+-- SKIP LOCKED lets concurrent workers claim different rows; FOR NO KEY UPDATE is the lock the update takes
+-- anyway (a result waiter registering locks no row: see awaited_executions). An execution
 -- started by another application version is left to workers of that version, unless this worker adopts
 -- (%(adopt)s seconds, NULL: never) and no worker of it heartbeated for that long (see "adoption" below);
 -- the claim stamps our version (and returns the one it had), and the first claim fixes the deadline of an

@@ -1,0 +1,6 @@
+-- The Citus layout, version 28 (recorded in schema_migrations as 10028): nothing changes on the cluster.
+--
+-- The single-node migration of this number orders a result wait's registration and its execution's
+-- completion with an advisory lock instead of row locks (await_execution_v2 and the completion trigger).
+-- The layout keeps its own registration (query await_status of sql/queries/citus/) and notifies its
+-- completions from the coordinator (citus_finished); the trigger is not installed here.
