@@ -422,8 +422,8 @@ def test_a_wait_that_registers_between_a_completions_update_and_its_trigger_is_n
         database_url: str, schema: str, db: psycopg.Connection[Any], done_channel: Callable[[], list[str]]) -> None:
     """The narrowest window of the race above, held open on purpose: the completion has updated the row (the
     wait still reads it unfinished) but its trigger has not yet looked for registrations. The wait holds the
-    registration lock shared until it commits, so the trigger, which takes that lock exclusively, waits for
-    the registration, then sees it and notifies."""
+    registration lock of the id's bucket exclusively until it commits, so the trigger, which takes that lock
+    shared, waits for the registration, then sees it and notifies."""
     db.execute("SELECT enqueue_workflow('flow', '{}', 'q', 'x')")
     # A trigger that fires after the update and before the engine's (triggers fire in name order), and holds
     # the completion there until the test lets go of an advisory lock.
@@ -453,7 +453,7 @@ def test_a_wait_that_registers_between_a_completions_update_and_its_trigger_is_n
             row = waiter.execute(_query("await_status"), {"id": "x"}).fetchone()
             assert row is not None and row[0] == "enqueued"  # the update is not committed: unfinished
             db.execute("SELECT pg_advisory_unlock(7001)")
-            # The engine's trigger now takes the registration lock exclusively: it waits for this registration.
+            # The engine's trigger now takes the registration lock (shared): it waits for this registration.
             wait_for(lambda: completer_waits_for(2), WAIT, "the completion's trigger to wait for the registration")
         completing.join(WAIT)
         assert not completing.is_alive()
@@ -461,6 +461,21 @@ def test_a_wait_that_registers_between_a_completions_update_and_its_trigger_is_n
         completer.close()
         waiter.close()
     wait_for(lambda: "x" in done_channel(), WAIT, "the completion to notify the registered wait")
+    assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
+
+
+def test_one_statement_finishes_more_executions_than_the_lock_table_holds(db: psycopg.Connection[Any],
+                                                                          done_channel: Callable[[], list[str]]
+                                                                          ) -> None:
+    """A completion takes the registration lock of its id's bucket (1,024 of them), not of its id: a bulk
+    cancel of 20,000 executions, well past what the lock table of a default server holds (64 locks per
+    connection), holds at most 1,024 locks and succeeds; a wait registered on one of them is notified."""
+    db.execute("SELECT enqueue_workflow('flow', '{}', 'q', 'bulk-' || g) FROM generate_series(1, 20000) AS g")
+    assert db.execute(_query("await_status"), {"id": "bulk-7"}).fetchone()[0] == "enqueued"
+    updated = db.execute("UPDATE workflow_executions SET status = 'cancelled', completed_at = now() "
+                         "WHERE status = 'enqueued'").rowcount
+    assert updated == 20000
+    wait_for(lambda: "bulk-7" in done_channel(), WAIT, "the bulk completion to notify the registered wait")
     assert db.execute("SELECT count(*) FROM awaited_executions").fetchone() == (0,)
 
 

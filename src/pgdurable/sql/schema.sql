@@ -454,11 +454,12 @@ CREATE INDEX schedules_due_idx ON schedules (next_fire_at NULLS FIRST) WHERE NOT
 -- Executions someone waits for the outcome of (a result wait outside workflows registers its execution
 -- before it sleeps): their completion alone sends a NOTIFY ("_result" with the outcome, or "_done" with the
 -- id), so finishing work nobody waits for does not serialise the workers' commits. A registration and a
--- completion of the same execution are ordered by an advisory lock, pg_advisory_xact_lock('awaited_executions'
--- ::regclass::oid::integer, hashtext(execution_id)), held shared by the registration (await_execution_v2)
--- and exclusively by the completion's trigger: either the wait sees the finished status, or the completion,
--- which deletes the row, sees the registration. (Not a row lock: PostgreSQL can lose a FOR KEY SHARE taken
--- while an UPDATE moves the row to another page; migration 0028 says how.)
+-- completion of the same execution are ordered by an advisory lock on one of 1,024 buckets of the id's hash
+-- (key: 'awaited_executions'::regclass::oid::integer, hashtext(execution_id) & 1023), held exclusively by the
+-- registration (await_execution_v2) and shared by the completion's trigger: either the wait sees the finished
+-- status, or the completion, which deletes the row, sees the registration. Buckets bound the locks a bulk
+-- completion holds; sharing keeps completions from waiting for each other. (Not a row lock: PostgreSQL can
+-- lose a FOR KEY SHARE taken while an UPDATE moves the row to another page; migration 0028 says how.)
 CREATE TABLE awaited_executions (
     execution_id text        NOT NULL,
     since        timestamptz NOT NULL DEFAULT now(),
@@ -537,9 +538,10 @@ BEGIN
         PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
         -- Only a finished execution someone waits for notifies its waiters (see awaited_executions). A
-        -- waiter registering right now holds the registration lock shared (await_execution_v2); taking it
-        -- exclusively waits for that registration to commit, and the DELETE below, a new statement, sees it.
-        PERFORM pg_advisory_xact_lock('awaited_executions'::regclass::oid::integer, hashtext(NEW.id));
+        -- waiter registering right now holds the registration lock of the id's bucket (await_execution_v2);
+        -- taking it shared waits for that registration to commit, and the DELETE below, a new statement,
+        -- sees it. Completions share the lock, so they never wait for each other.
+        PERFORM pg_advisory_xact_lock_shared('awaited_executions'::regclass::oid::integer, hashtext(NEW.id) & 1023);
         FOR carried IN DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id RETURNING a.carry_result LOOP
             IF carried THEN
                 -- A JSON array [id, status, this transaction's id], a newline, then the output of a success
@@ -574,9 +576,9 @@ $$;
 
 -- The status of an execution about to be waited for, registering an unfinished one as awaited (its
 -- completion then notifies); one round trip. A finished one is only read. For an unfinished one the wait
--- takes the registration lock (shared; a completing execution holds it exclusively from its trigger until
--- it commits), then reads again in a statement of its own, which sees a completion that committed while the
--- lock waited for it. Either the wait sees the finished status, or the completion, waiting for the
+-- takes the registration lock of the id's bucket (exclusively; a completing execution holds it shared from
+-- its trigger until it commits), then reads again in a statement of its own, which sees a completion that
+-- committed while the lock waited for it. Either the wait sees the finished status, or the completion, waiting for the
 -- registration's lock, sees the registration. With carry_result, the completion's notification carries the
 -- outcome ("_result"); without, it carries the id ("_done"). seen: the snapshot of the look that found it
 -- unfinished. A "_result" notification names the transaction that sent it: one visible in seen finished an
@@ -592,7 +594,7 @@ BEGIN
         RETURN;
     END IF;
     IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
-        PERFORM pg_advisory_xact_lock_shared('awaited_executions'::regclass::oid::integer, hashtext(awaited_id));
+        PERFORM pg_advisory_xact_lock('awaited_executions'::regclass::oid::integer, hashtext(awaited_id) & 1023);
         SELECT e.status, e.output, e.error, pg_current_snapshot() INTO status, output, error, seen
         FROM workflow_executions e WHERE e.id = awaited_id;
         IF NOT FOUND THEN

@@ -10,15 +10,20 @@
 -- the one in flight, and its waiter slept until its re-check: in tests/test_wakeups.py's race with outcomes
 -- stored out of line, 7 to 26 of every 31 to 48 waits that raced a completion (PostgreSQL 15.20).
 --
--- Now both take the same advisory lock, keyed by the table awaited_executions and a hash of the execution
--- id: the registration shared, the completion exclusively, each until its transaction ends. No row is
--- locked by a registration any more, so a claim never meets one.
+-- Now both take the same advisory lock, held until their transaction ends: the registration exclusively, the
+-- completion's trigger shared (completions never wait for each other, so a statement finishing many
+-- executions cannot deadlock with another). The lock is keyed by the table awaited_executions and one of
+-- 1,024 buckets of the execution id's hash, not the id itself: a statement that finishes 20,000 executions
+-- (a bulk cancel) would otherwise hold 20,000 locks and fail with "out of shared memory" on a server with
+-- the default max_locks_per_transaction; it now holds at most 1,024. A registration (one short statement)
+-- waits for the completions in flight in its bucket. No row is locked by a registration any more, so a
+-- claim never meets one.
 
 -- The status of an execution about to be waited for, registering an unfinished one as awaited (its
 -- completion then notifies); one round trip. A finished one is only read. For an unfinished one the wait
--- takes the registration lock (shared; a completing execution holds it exclusively from its trigger until
--- it commits), then reads again in a statement of its own, which sees a completion that committed while the
--- lock waited for it. Either the wait sees the finished status, or the completion, waiting for the
+-- takes the registration lock of the id's bucket (exclusively; a completing execution holds it shared from
+-- its trigger until it commits), then reads again in a statement of its own, which sees a completion that
+-- committed while the lock waited for it. Either the wait sees the finished status, or the completion, waiting for the
 -- registration's lock, sees the registration. With carry_result, the completion's notification carries the
 -- outcome ("_result"); without, it carries the id ("_done"). seen: the snapshot of the look that found it
 -- unfinished. A "_result" notification names the transaction that sent it: one visible in seen finished an
@@ -34,7 +39,7 @@ BEGIN
         RETURN;
     END IF;
     IF status NOT IN ('succeeded', 'failed', 'cancelled') THEN
-        PERFORM pg_advisory_xact_lock_shared('awaited_executions'::regclass::oid::integer, hashtext(awaited_id));
+        PERFORM pg_advisory_xact_lock('awaited_executions'::regclass::oid::integer, hashtext(awaited_id) & 1023);
         SELECT e.status, e.output, e.error, pg_current_snapshot() INTO status, output, error, seen
         FROM workflow_executions e WHERE e.id = awaited_id;
         IF NOT FOUND THEN
@@ -61,9 +66,10 @@ BEGIN
         PERFORM ring_doorbells(ARRAY[NEW.queue]);
     ELSIF NEW.status IN ('succeeded', 'failed', 'cancelled') THEN
         -- Only a finished execution someone waits for notifies its waiters (see awaited_executions). A
-        -- waiter registering right now holds the registration lock shared (await_execution_v2); taking it
-        -- exclusively waits for that registration to commit, and the DELETE below, a new statement, sees it.
-        PERFORM pg_advisory_xact_lock('awaited_executions'::regclass::oid::integer, hashtext(NEW.id));
+        -- waiter registering right now holds the registration lock of the id's bucket (await_execution_v2);
+        -- taking it shared waits for that registration to commit, and the DELETE below, a new statement,
+        -- sees it. Completions share the lock, so they never wait for each other.
+        PERFORM pg_advisory_xact_lock_shared('awaited_executions'::regclass::oid::integer, hashtext(NEW.id) & 1023);
         FOR carried IN DELETE FROM awaited_executions a WHERE a.execution_id = NEW.id RETURNING a.carry_result LOOP
             IF carried THEN
                 -- A JSON array [id, status, this transaction's id], a newline, then the output of a success
