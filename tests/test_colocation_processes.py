@@ -107,6 +107,10 @@ def h(spawn_worker: Callable[..., subprocess.Popen[bytes]], make_app: Callable[.
 
 # -- 1. exactly once while workers are SIGKILLed at random --------------------------------------------------
 
+# How long the test goes on killing workers before it lets the rest finish.
+KILLING_SECONDS = 90.0
+
+
 def test_transfers_apply_exactly_once_while_workers_are_killed_at_random(h: Harness) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -128,10 +132,11 @@ def test_transfers_apply_exactly_once_while_workers_are_killed_at_random(h: Harn
     h.client.enqueue_many(h.wf.transfer, transfers, workflow_ids=ids)
 
     kills, in_flight, victims = 0, 0, []
-    deadline = started + 3 * WAIT  # 20 s idle; a loaded machine may need several times that
-    while h.unfinished(ids):
-        assert time.monotonic() < deadline, \
-            f"not done after {3 * WAIT:.0f} s: {h.unfinished(ids)} left, {kills} kills"
+    # About 20 s on an idle machine, killing all along. Kills come on a clock (every 0.3-1 s), not per unit of
+    # progress, so on a machine loaded enough that a new worker needs most of that to start, they would stop
+    # all progress: after KILLING_SECONDS the survivors finish the rest unharmed.
+    killing_until = started + KILLING_SECONDS
+    while h.unfinished(ids) and time.monotonic() < killing_until:
         pause_until = time.monotonic() + rng.uniform(0.3, 1.0)
         while time.monotonic() < pause_until and h.unfinished(ids):
             time.sleep(0.05)
@@ -148,6 +153,9 @@ def test_transfers_apply_exactly_once_while_workers_are_killed_at_random(h: Harn
         kills += 1
         victims.append(victim.pid)
         workers[index] = h.spawn(wait=False)
+    wait_for(lambda: h.unfinished(ids) == 0, 3 * WAIT,
+             f"the transfers to finish after {kills} kills (killing stopped after {KILLING_SECONDS:.0f} s)",
+             interval=0.1)
     elapsed = time.monotonic() - started
 
     # Every workflow succeeded, each step is recorded exactly once.
