@@ -151,7 +151,12 @@ def test_several_workers_never_run_one_execution_at_once(h: Harness) -> None:
 def test_sigkilled_worker_work_resumes_without_rerunning_recorded_steps(h: Harness) -> None:
     app_name = f"crashy-{uuid.uuid4().hex[:8]}"  # its sessions, to see them end
     first = h.spawn("-c", "8", PGAPPNAME=app_name)
-    ids = [h.client.enqueue(h.wf.chain, steps=8, seconds=0.15).workflow_id for _ in range(6)]
+    ids = [h.client.enqueue(h.wf.chain, steps=8, seconds=0.25).workflow_id for _ in range(6)]
+    # All six claimed before the kill: a loaded machine, or Citus claiming one bucket at a time, may take a
+    # while to claim the last (CI once killed the worker with only four of them running; it did not say
+    # whether the other two were still enqueued or done). Steps of 0.25 s leave 2 s to claim them all.
+    wait_for(lambda: h.scalar("SELECT count(*) FROM workflow_executions WHERE status = 'running'") == 6, WAIT,
+             "the worker to claim all six")
     wait_for(lambda: h.scalar("SELECT count(*) FROM operation_outputs") >= 12, WAIT, "some recorded steps")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=WAIT)
