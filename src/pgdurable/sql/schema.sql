@@ -578,11 +578,11 @@ $$;
 -- completion then notifies); one round trip. A finished one is only read. For an unfinished one the wait
 -- takes the registration lock of the id's bucket (exclusively; a completing execution holds it shared from
 -- its trigger until it commits), then reads again in a statement of its own, which sees a completion that
--- committed while the lock waited for it. Either the wait sees the finished status, or the completion, waiting for the
--- registration's lock, sees the registration. With carry_result, the completion's notification carries the
--- outcome ("_result"); without, it carries the id ("_done"). seen: the snapshot of the look that found it
--- unfinished. A "_result" notification names the transaction that sent it: one visible in seen finished an
--- earlier run (before a resume), and its outcome is not this wait's.
+-- committed while the lock waited for it. Either the wait sees the finished status, or the completion,
+-- waiting for the registration's lock, sees the registration. With carry_result, the completion's
+-- notification carries the outcome ("_result"); without, it carries the id ("_done"). seen: the snapshot of
+-- the look that found it unfinished. A "_result" notification names the transaction that sent it: one
+-- visible in seen finished an earlier run (before a resume), and its outcome is not this wait's.
 CREATE FUNCTION await_execution_v2(awaited_id text, carry_result boolean)
 RETURNS TABLE (status text, output jsonb, error jsonb, seen pg_snapshot)
 LANGUAGE plpgsql
