@@ -491,12 +491,23 @@ class Workers:
             try:
                 code = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.unexpected.append(f"worker pid {proc.pid} did not stop within {timeout:.0f} s of SIGTERM")
                 proc.kill()
                 proc.wait()
+                self.unexpected.append(f"worker pid {proc.pid} did not stop within {timeout:.0f} s of SIGTERM"
+                                       f"{self._log_tail(proc.pid)}")
                 continue
             if code != 0 and proc.pid not in self.caused:
-                self.unexpected.append(f"worker pid {proc.pid} exited with code {code} on SIGTERM")
+                self.unexpected.append(f"worker pid {proc.pid} exited with code {code} on SIGTERM"
+                                       f"{self._log_tail(proc.pid)}")
+
+    def _log_tail(self, pid: int, lines: int = 120) -> str:
+        """The end of a worker's log, for a report that CI prints while the log itself is lost with its machine
+        (a stop that hung ends with the stacks its exit watchdog logged)."""
+        path = self.log_of.get(pid)
+        if path is None or not path.exists():
+            return ""
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        return f"; the end of its log ({path.name}):\n" + "\n".join(f"    {line}" for line in tail)
 
     def kill_all(self) -> None:
         for proc in self.slots.values():

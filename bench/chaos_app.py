@@ -537,6 +537,9 @@ app = pgdurable.App(
     sweep_seconds=float(os.environ.get("CHAOS_SWEEP", "0.3")),
     poll_seconds=float(os.environ.get("CHAOS_POLL", "0.5")),
     shutdown_grace_seconds=1.0,
+    # A stop that hangs logs every stack and exits with status 1 well before the harness's 20 s deadline, so its
+    # report (whose notes quote the log) says what it waited on.
+    shutdown_patience_seconds=12.0,
     unknown_workflow_grace_seconds=None,
     # The harness deploys a new application version whenever it has killed every worker at once
     # (PGDURABLE_APP_VERSION per generation): the new workers adopt the old version's executions this soon

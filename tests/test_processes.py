@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import re
 import signal
 import subprocess
 import time
@@ -290,6 +291,23 @@ def test_second_stop_signal_exits_at_once(h: Harness, second_signal: signal.Sign
     assert "second stop signal" in h.log(proc)
     assert h.runs(wid, "s0") == []
     assert h.status(wid) == "running"  # not released: its lease will expire and a sweeper re-enqueues it
+
+
+def test_a_stop_that_cannot_end_is_reported_and_forced(h: Harness) -> None:
+    # An async workflow that swallows every cancellation: nothing in the worker can end it, so the event loop
+    # could never close. The exit watchdog logs where every task stands, then exits.
+    proc = h.spawn("-c", "2", CRASHY_GRACE="0.5", CRASHY_PATIENCE="5")
+    wid = h.client.enqueue(h.wf.stubborn).workflow_id
+    wait_for(lambda: h.runs(wid, "stubborn", "begin"), WAIT, "the stubborn workflow to begin")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=WAIT)
+    log = h.log(proc)
+    assert proc.returncode == 1, log
+    assert "did not finish stopping within 5.5 s of the stop" in log
+    assert re.search(r"in _execute\n(?:.*\n)*?.*in stubborn\n.*in sleep\n", log), log  # what the task held awaits
+    assert "(most recent call first)" in log  # and every thread's
+    assert "released 1 unfinished" in log  # before the hang: nothing was left owned by a process gone
+    assert h.status(wid) == "enqueued"
 
 
 # -- 5. dead letter -----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ class Settings:
     unknown_workflow_grace_seconds: float | None = 300.0
     # Graceful shutdown: how long running workflows get to finish before they are released.
     shutdown_grace_seconds: float = 10.0
+    # A worker process whose stop has not ended this long after the grace period (a statement the server never
+    # answers, a task that ignores its cancellation) logs every thread's and task's stack and exits with
+    # status 1; what it owned resumes elsewhere once the leases expire. A stop that goes well takes well
+    # under a second beyond the grace period.
+    shutdown_patience_seconds: float = 15.0
     # The largest input, step output or result accepted, as encoded JSON text. The SQL function
     # enqueue_workflow applies the same default limit.
     max_payload_bytes: int = 8 * 1024 * 1024
@@ -76,8 +82,12 @@ class Settings:
     citus: str | None = None
 
     def __post_init__(self) -> None:
-        if self.lease_seconds <= 0 or self.poll_seconds <= 0 or self.sweep_seconds <= 0:
+        if not all(math.isfinite(v) and v > 0 for v in (self.lease_seconds, self.poll_seconds, self.sweep_seconds)):
             raise ConfigurationError("lease_seconds, poll_seconds and sweep_seconds must be positive")
+        for name in ("shutdown_grace_seconds", "shutdown_patience_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigurationError(f"{name} must be a number of seconds >= 0, not {value!r}")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must be >= 0")
         if self.max_payload_bytes < 1024:

@@ -6,6 +6,7 @@ shorten or lengthen them:
 
   CRASHY_LEASE            lease_seconds (default 2.0)
   CRASHY_GRACE            shutdown_grace_seconds (default 1.0)
+  CRASHY_PATIENCE         shutdown_patience_seconds (default 15.0)
   CRASHY_UNKNOWN_GRACE    unknown_workflow_grace_seconds (default 1.0)
   CRASHY_EFFECTS          file that every step run appends its side effects to
   CRASHY_SLOW             factor on every crashy.work step's sleep in this process (default 1)
@@ -22,6 +23,8 @@ processes never interleave):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -75,7 +78,16 @@ def define(app: pgdurable.App) -> SimpleNamespace:
         die("die")
         return "unreachable"
 
-    return SimpleNamespace(work=work, die=die, chain=chain, suicide=suicide)
+    @app.workflow(name="crashy.stubborn")
+    async def stubborn() -> None:
+        """Swallows every cancellation, as no workflow should: its worker's stop can never end by itself."""
+        start = time.time()
+        _effect("stubborn", "begin", start, start)
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    return SimpleNamespace(work=work, die=die, chain=chain, suicide=suicide, stubborn=stubborn)
 
 
 app = pgdurable.App(
@@ -83,6 +95,7 @@ app = pgdurable.App(
     sweep_seconds=0.3,
     poll_seconds=0.3,
     shutdown_grace_seconds=float(os.environ.get("CRASHY_GRACE", "1.0")),
+    shutdown_patience_seconds=float(os.environ.get("CRASHY_PATIENCE", "15.0")),
     unknown_workflow_grace_seconds=float(os.environ.get("CRASHY_UNKNOWN_GRACE", "1.0")),
 )
 workflows = define(app)

@@ -88,3 +88,16 @@ def test_settings_accepted_edges() -> None:
     assert Settings(adopt_after_seconds=None).adopt_after_seconds is None  # strict per-version mode
     assert Settings(lease_seconds=300, adopt_after_seconds=None).lease_seconds == 300
     assert Settings(lease_seconds=3, adopt_after_seconds=1.5).adopt_after_seconds == 1.5
+
+
+@pytest.mark.parametrize("name", ["shutdown_grace_seconds", "shutdown_patience_seconds"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_shutdown_timings_must_be_finite_and_not_negative(name: str, value: float) -> None:
+    with pytest.raises(ConfigurationError, match=f"{name} must be a number of seconds >= 0"):
+        Settings(**{name: value})
+
+
+@pytest.mark.parametrize("name", ["lease_seconds", "poll_seconds", "sweep_seconds"])
+def test_nan_timings_are_refused(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        Settings(**{name: float("nan")})

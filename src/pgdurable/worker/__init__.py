@@ -5,6 +5,7 @@
     lease.py        heartbeats: renew leases, abandon what is no longer ours (fencing bookkeeping)
     listener.py     LISTEN: NOTIFYs become wake-ups (work, schedules, stop)
     leader.py       elects one leader per schema (advisory lock) to run the leader-only duties
+    watchdog.py     a worker process's stop that hangs is reported (every stack), then forced
     maintenance/    one duty per file: sweeper, deadlines, unrunnable, retention, registry pruning (leader
                     only); timer, scheduler, queue-policy refresh (every worker; each file says why)
 
@@ -44,6 +45,7 @@ from .maintenance.sweeper import Sweeper
 from .maintenance.timer import Timer
 from .maintenance.unrunnable import Unrunnable
 from .producer import Producer
+from .watchdog import ExitWatchdog
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -90,6 +92,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._stop_requests = 0
         self._signals = False
+        self._watchdog: ExitWatchdog | None = None
         self._started = asyncio.Event()
         # Queue policies of the served queues (see App.queue), refreshed by maintenance.policies.
         self.policies: dict[str, store.queues.QueuePolicy] = {}
@@ -202,7 +205,9 @@ class Worker:
         await self._batcher.start()
         self.executor.start(self.loop, self._batcher)
         self._signals = handle_signals
-        if handle_signals:
+        if handle_signals:  # the process is this worker's: it also bounds the process's exit
+            self._watchdog = ExitWatchdog(self.loop, self.settings.shutdown_grace_seconds,
+                                          self.settings.shutdown_patience_seconds)
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(signum, self.stop)
         background = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat")]
@@ -242,6 +247,8 @@ class Worker:
             else:
                 await self._stop.wait()
         finally:
+            if self._watchdog is not None:  # also when no stop() came (a producer failed)
+                self._watchdog.arm()
             await cancel_and_wait(producing)
             await self._shutdown(background)
 
@@ -253,6 +260,8 @@ class Worker:
             log.warning("worker %s: second stop signal, exiting at once", self.id)
             os._exit(130)
         log.info("worker %s: stopping (grace %.0fs)", self.id, self.settings.shutdown_grace_seconds)
+        if self._watchdog is not None:
+            self._watchdog.arm()
         self._stop.set()
         self._work_notified(None)
 
