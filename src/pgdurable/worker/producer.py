@@ -13,21 +13,24 @@ for one only when it is about to sleep: a claim that finds nothing arms its door
 claim's own statement on a single node, a statement of its own on Citus or with queue limits), then the
 producer claims once more, a millisecond later (at once on a ring: ``GAP_SECONDS``), so that nothing committed
 while the bell was being armed is left behind. A claim that comes back short but found work does not arm: the
-producer claims again a moment later or when a slot frees (so as not to compete with that work's first
-statements), and that claim arms if it finds nothing. (Arming in a claim that found work put a write on the
-path from enqueue to start; without it, bench/compare_commits.sh gave a median enqueue->claim p50 of 1.64
-against 1.75 ms and A 689 against 610 workflows/s over six interleaved pairs: a small gain, within this
-machine's noise.) When the queue ran dry and the worker completes its last execution of it, that completion
-arms the bell in its own statement (``arm_with_completion``), and one claim ``GAP_SECONDS`` later closes its
-gap: whoever waits for that result and enqueues again as soon as it has it then finds the bell armed. Armed by
-the claim after the completion, the bell raced that enqueue, which often looked at it just before it was
-armed, rang nobody, and waited for the claim closing the gap ("Arming with the completion" in
-docs/benchmarks.md). The next enqueue into the queue rings the bell (one NOTIFY) and disarms it. A busy producer
-claims again on its own and needs no bell. One case still escapes the bell: a transaction that looked at the
-bell just before it was armed and committed after the claim closing the gap (a long application transaction, a
-slow commit); the sleeping producer re-claims on a backoff (50 ms, doubling up to the poll interval while the
-queue stays empty, back to 50 ms after any work), so such work waits tens of milliseconds, never a whole poll
-interval.
+producer claims again as any busy producer does (when a slot frees, at most every ``COALESCE_SECONDS`` while
+that work runs, at once once it has ended), and that claim arms if it finds nothing. (Arming in a claim that
+found work put a write on the path from enqueue to start; without it, bench/compare_commits.sh gave a median
+enqueue->claim p50 of 1.64 against 1.75 ms and A 689 against 610 workflows/s over six interleaved pairs: a
+small gain, within this machine's noise. That next claim once skipped the debouncer: a worker kept just busy
+by one client enqueuing in a loop then claimed after every completion, 2.2 executions a claim against 5.1,
+and the client's enqueues, sharing two cores with those claims, ran 12% slower: "The claim after a claim that
+found work" in docs/benchmarks.md.)
+When the queue ran dry and the worker completes its last execution of it, that completion arms the bell in its
+own statement (``arm_with_completion``), and one claim ``GAP_SECONDS`` later closes its gap: whoever waits for
+that result and enqueues again as soon as it has it then finds the bell armed. Armed by the claim after the
+completion, the bell raced that enqueue, which often looked at it just before it was armed, rang nobody, and
+waited for the claim closing the gap ("Arming with the completion" in docs/benchmarks.md). The next enqueue
+into the queue rings the bell (one NOTIFY) and disarms it. A busy producer claims again on its own and needs no
+bell. One case still escapes the bell: a transaction that looked at the bell just before it was armed and
+committed after the claim closing the gap (a long application transaction, a slow commit); the sleeping
+producer re-claims on a backoff (50 ms, doubling up to the poll interval while the queue stays empty, back to
+50 ms after any work), so such work waits tens of milliseconds, never a whole poll interval.
 """
 
 from __future__ import annotations
@@ -199,6 +202,7 @@ class Producer:
                 if pause > 0:
                     await self._sleep(pause)
                     continue
+                closing_gap = True
             limit = min(executor.free(), CLAIM_BATCH)
             if limit > 0 and executor.busy() and (limit < batch_floor or self.last_was_short) and not closing_gap:
                 pause = self.debouncer.remaining()
@@ -267,15 +271,15 @@ class Producer:
                 continue  # there may be more waiting
             self.hungry = False
             if arming:
-                closing_gap = True
                 if claimed:
-                    # Just handed work: close the gap a moment later (a freed slot or a ring wakes it sooner),
-                    # so that the claim does not compete with the first statements of that work.
+                    # Found work, so the statement armed nothing and there is no gap to close: claim again as a
+                    # busy producer does (debounced while that work runs; a freed slot or a ring wakes it).
                     self.hungry = True
                     await self._sleep(self.COALESCE_SECONDS)
                 else:
-                    await self._sleep(self.GAP_SECONDS)
-                continue  # claim once more: what committed while the bell was being armed rang nothing
+                    closing_gap = True
+                    await self._sleep(self.GAP_SECONDS)  # claim once more: what committed while the bell
+                continue                                 # was being armed rang nothing
             if not self.armed:
                 if await self._arm():
                     closing_gap = True
