@@ -118,8 +118,8 @@ def test_after_a_claim_that_found_work_the_next_one_asks_to_arm_again() -> None:
 def test_a_busy_producer_that_found_work_claims_again_only_when_the_debouncer_lets_it() -> None:
     """No bell is armed after a claim that found work, so nothing needs the next claim soon: while that work
     runs, a freed slot brings it only once the debouncer allows (an hour here), as for any busy producer.
-    Sent at once on every freed slot, those claims took 2.2 executions each against 5.1 beside one client
-    enqueuing in a loop, and slowed that client's enqueues by 12% (docs/benchmarks.md)."""
+    Sent at once on every freed slot, those claims took 2.2 executions each against about 5 beside one client
+    enqueuing in a loop, and cost that client 8% of its workflows/s (docs/benchmarks.md)."""
     sent, launched = asyncio.run(_claims_after_arming([["a"], ["b"]], free_a_slot_after=0.05, stop_after=1.0))
     assert sent == ["claim+arm"]
     assert launched == ["a"]

@@ -18,9 +18,9 @@ that work runs, at once once it has ended), and that claim arms if it finds noth
 found work put a write on the path from enqueue to start; without it, bench/compare_commits.sh gave a median
 enqueue->claim p50 of 1.64 against 1.75 ms and A 689 against 610 workflows/s over six interleaved pairs: a
 small gain, within this machine's noise. That next claim once skipped the debouncer: a worker kept just busy
-by one client enqueuing in a loop then claimed after every completion, 2.2 executions a claim against 5.1,
-and the client's enqueues, sharing two cores with those claims, ran 12% slower: "The claim after a claim that
-found work" in docs/benchmarks.md.)
+by one client enqueuing in a loop then claimed after every freed slot, 2.2 executions a claim against about 5,
+and that client, sharing two cores with those claims, made 8% fewer workflows/s (median of seven interleaved
+pairs): "The claim after a claim that found work" in docs/benchmarks.md.)
 When the queue ran dry and the worker completes its last execution of it, that completion arms the bell in its
 own statement (``arm_with_completion``), and one claim ``GAP_SECONDS`` later closes its gap: whoever waits for
 that result and enqueues again as soon as it has it then finds the bell armed. Armed by the claim after the
