@@ -277,9 +277,11 @@ class Producer:
                     self.hungry = True
                     await self._sleep(self.COALESCE_SECONDS)
                 else:
+                    # Armed: claim once more, as the gap's closing claim (what committed while the bell was
+                    # being armed rang nothing).
                     closing_gap = True
-                    await self._sleep(self.GAP_SECONDS)  # claim once more: what committed while the bell
-                continue                                 # was being armed rang nothing
+                    await self._sleep(self.GAP_SECONDS)
+                continue
             if not self.armed:
                 if await self._arm():
                     closing_gap = True
