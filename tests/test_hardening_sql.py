@@ -425,9 +425,35 @@ def test_a_function_a_later_migration_recreates_is_granted_again(database_url: s
 # -- 10: trigger functions ignore the caller's search_path -------------------------------------------------
 
 def test_every_function_pins_its_search_path(db: psycopg.Connection[Any], schema: str) -> None:
-    unpinned = db.execute("SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace AND NOT EXISTS "
-                          "(SELECT 1 FROM unnest(proconfig) c WHERE c LIKE 'search_path=%%')", (schema,)).fetchall()
-    assert unpinned == []
+    """Every function but clock_now(), which is inlined: its standard body's names were bound at creation."""
+    unpinned = db.execute("SELECT proname, prosqlbody IS NOT NULL FROM pg_proc WHERE pronamespace = %s::regnamespace "
+                          "AND NOT EXISTS (SELECT 1 FROM unnest(proconfig) c WHERE c LIKE 'search_path=%%')",
+                          (schema,)).fetchall()
+    assert unpinned == [("clock_now", True)]
+
+
+def test_durable_time_ignores_the_callers_search_path(db: psycopg.Connection[Any], database_url: str,
+                                                      schema: str) -> None:
+    """clock_now() has no SET clause (so that it is inlined): a hostile search_path cannot redirect what it
+    calls, on a test schema (test_clock_now) or not."""
+    hostile = f"hostile_{uuid.uuid4().hex[:8]}"
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(hostile)))
+    try:
+        db.execute(sql.SQL("CREATE FUNCTION {}.test_clock_now() RETURNS timestamptz LANGUAGE sql "
+                           "AS $$ SELECT timestamptz '1999-01-01 00:00+00' $$").format(sql.Identifier(hostile)))
+        with psycopg.connect(database_url, autocommit=True) as caller:
+            caller.execute(sql.SQL("SET search_path = {}, {}").format(sql.Identifier(hostile), sql.Identifier(schema)))
+            query = sql.SQL("SELECT {}.clock_now() - now() < interval '1 minute'").format(sql.Identifier(schema))
+            assert caller.execute(query).fetchone() == (True,)
+            db.execute("ALTER FUNCTION clock_now() SET pgdurable.test_clock = 'on'")
+            db.execute("UPDATE test_clock SET ahead = interval '1 hour'")
+            assert caller.execute(sql.SQL("SELECT {}.clock_now() - now() BETWEEN interval '59 minutes' "
+                                          "AND interval '61 minutes'").format(sql.Identifier(schema))
+                                  ).fetchone() == (True,)
+    finally:
+        db.execute("ALTER FUNCTION clock_now() RESET pgdurable.test_clock")
+        db.execute("UPDATE test_clock SET ahead = interval '0'")
+        db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(hostile)))
 
 
 def test_triggers_use_pgdurable_objects_whatever_the_callers_search_path(

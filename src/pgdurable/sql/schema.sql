@@ -695,29 +695,36 @@ CREATE TABLE test_clock (
 );
 INSERT INTO test_clock DEFAULT VALUES;
 
--- Durable time: now(); or pgdurable.fake_now when a session sets it (SQL tests: SET pgdurable.fake_now =
--- '2030-01-01 00:00+00' moves time without sleeping); or now() + test_clock.ahead on a time-skipping test
--- schema. PL/pgSQL, whose statements are planned once per session: a SQL function that is not inlined (and
--- pinned functions never are) is parsed and planned again by every statement calling it, which cost the
--- claim some 15 microseconds. A call still costs a few (the search_path switch), so a statement that
--- compares many rows with it reads it once (a MATERIALIZED CTE "clock", a variable).
-CREATE FUNCTION clock_now() RETURNS timestamptz
+-- The test clock's reading: now() + test_clock.ahead (clock_now() calls it on a time-skipping test schema).
+CREATE FUNCTION test_clock_now() RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    fake text := pg_catalog.current_setting('pgdurable.fake_now', true);
 BEGIN
-    IF fake <> '' THEN
-        RETURN fake::pg_catalog.timestamptz;
-    END IF;
-    IF pg_catalog.current_setting('pgdurable.test_clock', true) = 'on' THEN
-        RETURN pg_catalog.now() + (SELECT c.ahead FROM test_clock c);
-    END IF;
-    RETURN pg_catalog.now();
+    RETURN pg_catalog.now() + (SELECT c.ahead FROM test_clock c);
 END;
 $$;
+REVOKE ALL ON FUNCTION test_clock_now() FROM PUBLIC;
+
+-- Durable time: now(); or pgdurable.fake_now when a session sets it (SQL tests: SET pgdurable.fake_now =
+-- '2030-01-01 00:00+00' moves time without sleeping); or test_clock_now() on a time-skipping test schema.
+-- A SQL function with a standard body and no SET clause, so that PostgreSQL inlines it into every statement
+-- that calls it (two settings read and now(), no call at all): the PL/pgSQL version's call (its SET clause
+-- switching the search_path there and back, its set-up in every transaction) cost each step checkpoint about
+-- 18 microseconds of server time (docs/benchmarks.md, "Durable time inlined"). The one exception to rule 3:
+-- a standard body's names are bound when the function is created, so no caller's search_path can redirect
+-- them. On a test schema the harness's SET clause (pgdurable.test_clock = 'on') stops the inlining: only tests
+-- pay for a call.
+CREATE FUNCTION clock_now() RETURNS timestamptz
+LANGUAGE sql
+STABLE
+RETURN CASE
+    WHEN pg_catalog.current_setting('pgdurable.fake_now', true) <> ''
+        THEN pg_catalog.current_setting('pgdurable.fake_now', true)::pg_catalog.timestamptz
+    WHEN pg_catalog.current_setting('pgdurable.test_clock', true) = 'on' THEN test_clock_now()
+    ELSE pg_catalog.now()
+END;
 
 -- == Creating executions: the one insert path ==========================================================
 

@@ -1,0 +1,5 @@
+-- The Citus layout, version 29 (recorded in schema_migrations as 10029): nothing more to do on the cluster.
+--
+-- The single-node migration of this number rewrites clock_now() as an inlinable SQL function (same name, same
+-- result) and adds test_clock_now(); Citus propagates both to the worker nodes, where distributed statements
+-- read durable time.
