@@ -199,13 +199,13 @@ class _Plan:
                     self.refused[id(waiter)] = refusal
                 self.settled.add(id(waiter))  # not written: reported so
         todo = [(item, waiter) for item, waiter in todo if id(waiter) not in self.settled]
-        unknown = self._unknown(conn, todo)
+        citus = store.calls.on_citus(conn)
+        unknown = self._unknown(todo) if citus else []
         if unknown:
             found: dict[str, int] = yield store.claims.buckets_of(unknown)
             self.buckets.update(found)
         failure: BaseException | None = None
-        citus = store.calls.on_citus(conn)
-        for group in self._groups(conn, todo):
+        for group in self._groups(todo) if citus else [todo]:
             try:
                 try:
                     yield from self._write(group, citus)
@@ -234,18 +234,13 @@ class _Plan:
                 self.outcomes[id(waiter)] = (None, exc)
         self.failure = None
 
-    def _unknown(self, conn: Any, todo: Sequence[tuple[StepWrite | Completion, Waiter]]) -> list[str]:
-        """The execution ids of ``todo`` whose bucket must be asked for: on Citus, when they are several."""
-        if not store.calls.on_citus(conn):
-            return []
+    def _unknown(self, todo: Sequence[tuple[StepWrite | Completion, Waiter]]) -> list[str]:
+        """On Citus: the execution ids of ``todo`` whose bucket must be asked for, when they are several."""
         ids = list(dict.fromkeys(item.execution_id for item, _ in todo))
         return [i for i in ids if i not in self.buckets] if len(ids) > 1 else []
 
-    def _groups(self, conn: Any, todo: Sequence[tuple[StepWrite | Completion, Waiter]]
-                ) -> list[list[tuple[Item, Waiter]]]:
-        """The writes of ``todo`` by transaction: all of them on a single node, one bucket each on Citus."""
-        if not store.calls.on_citus(conn):
-            return [list(todo)]
+    def _groups(self, todo: Sequence[tuple[StepWrite | Completion, Waiter]]) -> list[list[tuple[Item, Waiter]]]:
+        """On Citus: the writes of ``todo`` by transaction, one bucket each (on a single node: all at once)."""
         groups: dict[int, list[tuple[Item, Waiter]]] = {}
         for item, waiter in todo:
             groups.setdefault(self.buckets.get(item.execution_id, -1), []).append((item, waiter))
@@ -350,7 +345,7 @@ def _write_calls(writes: Sequence[tuple[Item, Waiter]], citus: bool
     steps = [_step_row(item) for item, _ in writes if isinstance(item, StepWrite)]
     done = [_completion_row(item) for item, _ in writes if isinstance(item, Completion)]
     bells = json.dumps(list(dict.fromkeys(item.bell for item, _ in writes
-                                          if isinstance(item, Completion) and item.bell)))
+                                          if isinstance(item, Completion) and item.bell))) if done else "[]"
     if steps and done and not citus:
         return [store.checkpoints.write_checkpoints(_array(steps), _array(done), bells)]
     calls = []
