@@ -24,8 +24,10 @@
 --    place if old callers keep their meaning. (enqueue_workflow is the public API and keeps its name; it
 --    only ever gains trailing arguments with defaults.)
 -- 3. Every function, trigger functions included, gets SET search_path FROM CURRENT and, unless everybody
---    may call it, REVOKE ALL ... FROM PUBLIC. The migration runner re-applies the recorded roles' grants
---    after every migration; a function for the application role is added to apply_application_grants.
+--    may call it, REVOKE ALL ... FROM PUBLIC. (One exception, clock_now(): a SQL function with a standard
+--    body, whose names are bound when it is created, and no SET clause, so that it is inlined.) The
+--    migration runner re-applies the recorded roles' grants after every migration; a function for the
+--    application role is added to apply_application_grants.
 -- 4. Time in the engine's SQL is the database's (never a client's clock), on one of two clocks (see "The
 --    clock" below). Durable time, clock_now(): when something may or must happen (available_at, wake-ups,
 --    deadlines, schedules' ticks, retention cutoffs) and the timeline recorded for executions (created_at,
