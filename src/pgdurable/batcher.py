@@ -44,13 +44,23 @@ _MAX_BUCKETS = 50_000
 LINGER_SECONDS = 0.005
 # The ticker that enforces LINGER_SECONDS stops after this many ticks without a deferred write.
 _IDLE_TICKS = 200
+# Gathering: while more than GATHER_ABOVE executions run in the worker, a batch waits this long before it is
+# taken, so that the writes the others are about to make join it: one commit (one WAL flush) for more writes.
+# Every commit waits for its flush, and so does every other transaction committing meanwhile (an application
+# enqueuing beside the worker). A worker running one or a few executions never waits: their steps' latency is
+# what matters then. (PostgreSQL's commit_delay and commit_siblings do the same on the server, for all
+# transactions of a server.) Measured in docs/benchmarks.md, "Gathering a batch's writes".
+GATHER_SECONDS = 0.0005
+GATHER_ABOVE = 3
 
 
 class WriteBatcher:
     def __init__(self, aconnect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
-                 connect: Callable[[], psycopg.Connection[Any]]) -> None:
+                 connect: Callable[[], psycopg.Connection[Any]], running: Callable[[], int] = lambda: 0) -> None:
+        """``running``: how many executions of the worker are running their code (they may write soon)."""
         self._aconnect = aconnect
         self._connect = connect
+        self._running = running
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._pending: list[tuple[Item, Waiter]] = []
@@ -218,8 +228,13 @@ class WriteBatcher:
             self._lost_steps.clear()
         return _Plan(batch, self._buckets, self._lost_steps)
 
+    def _gathers(self) -> bool:
+        return self._running() > GATHER_ABOVE
+
     def _lead(self) -> None:
         """In a workflow thread that found the writer idle: run one batch, hand any rest to the loop."""
+        if self._gathers():
+            time.sleep(GATHER_SECONDS)
         with self._lock:
             batch = self._take()
         if not batch:
@@ -252,6 +267,8 @@ class WriteBatcher:
             await self._kick.wait()
             self._kick.clear()
             while True:
+                if self._gathers():
+                    await asyncio.sleep(GATHER_SECONDS)
                 with self._lock:
                     batch = self._take()
                 if not batch:

@@ -266,6 +266,34 @@ def test_writer_gives_up_after_three_attempts(monkeypatch: pytest.MonkeyPatch) -
     assert len(attempts) == 3
 
 
+def test_a_busy_worker_gathers_the_writes_of_its_other_executions_into_one_commit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than GATHER_ABOVE executions running: the batch waits GATHER_SECONDS before it is taken, and a
+    write made meanwhile (here: by the fake sleep itself, as another workflow thread would) goes with it."""
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
+    writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db),  # type: ignore[arg-type,return-value]
+                          running=lambda: batcher.GATHER_ABOVE + 1)
+    others: list[ThreadWaiter] = []
+
+    def pause(seconds: float) -> None:
+        assert seconds == batcher.GATHER_SECONDS
+        others.extend(writer.submit_all_threadsafe([step("e2", 1, 0)]))  # the writer is busy: queued only
+    monkeypatch.setattr(batcher.time, "sleep", pause)
+    assert writer.submit_threadsafe(step("e1", 1, 0)).result() is True
+    assert [w.result() for w in others] == [True]
+    assert len(db.statements) == 1  # one commit for both
+
+
+def test_a_worker_running_few_executions_writes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    db = FakeDatabase(owned={("e1", 1)})
+    writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db),  # type: ignore[arg-type,return-value]
+                          running=lambda: batcher.GATHER_ABOVE)
+    pauses: list[float] = []
+    monkeypatch.setattr(batcher.time, "sleep", pauses.append)
+    assert writer.submit_threadsafe(step("e1", 1, 0)).result() is True
+    assert pauses == []
+
+
 # ---- deferred writes (a step's checkpoint not waited for) ----------------------------------------------------
 
 def test_a_deferred_write_goes_out_with_the_next_batch() -> None:

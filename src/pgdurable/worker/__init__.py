@@ -201,7 +201,7 @@ class Worker:
         """Work until ``stop()`` (or SIGTERM/SIGINT when ``handle_signals``), then shut down gracefully."""
         self.loop = asyncio.get_running_loop()
         self._pool = await self.app.db.async_pool(size=4)
-        self._batcher = WriteBatcher(self._writer_aconnect, self._writer_connect)
+        self._batcher = WriteBatcher(self._writer_aconnect, self._writer_connect, self.executor.running_code)
         await self._batcher.start()
         self.executor.start(self.loop, self._batcher)
         self._signals = handle_signals

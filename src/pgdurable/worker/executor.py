@@ -88,7 +88,11 @@ class Executor:
 
     def busy(self) -> bool:
         """Whether any execution's code is running (not only completions being written)."""
-        return len(self.running) > self.finishing
+        return self.running_code() > 0
+
+    def running_code(self) -> int:
+        """How many executions are running their code (not only having their completion written)."""
+        return len(self.running) - self.finishing
 
     def _finishing(self, running: Running, finishing: bool) -> None:
         """Mark an execution (still held here) as having its completion written, or no longer."""
