@@ -44,14 +44,17 @@ _MAX_BUCKETS = 50_000
 LINGER_SECONDS = 0.005
 # The ticker that enforces LINGER_SECONDS stops after this many ticks without a deferred write.
 _IDLE_TICKS = 200
-# Gathering: while more than GATHER_ABOVE executions run in the worker, a batch waits this long before it is
-# taken, so that the writes the others are about to make join it: one commit (one WAL flush) for more writes.
-# Every commit waits for its flush, and so does every other transaction committing meanwhile (an application
-# enqueuing beside the worker). A worker running one or a few executions never waits: their steps' latency is
-# what matters then. (PostgreSQL's commit_delay and commit_siblings do the same on the server, for all
-# transactions of a server.) Measured in docs/benchmarks.md, "Gathering a batch's writes".
+# Gathering: a workflow thread about to lead a batch (``_lead``) first waits, at most GATHER_SECONDS, for the
+# worker's other running executions to queue a write each, when at least GATHER_JOINERS of them have none
+# queued yet: their writes then share its commit (one WAL flush). Every commit waits for its flush, and so does
+# every other transaction committing meanwhile (an application enqueuing beside the worker), so fewer, fuller
+# commits leave the disk to them. The wait ends as soon as every running execution has a write queued, so a
+# few workflows stepping in lockstep lose nothing. The event loop's flusher does not gather: asyncio sleeps no
+# shorter than a millisecond, and that pause made eight workflows stepping together 20% slower. (PostgreSQL's
+# commit_delay and commit_siblings do the like on the server.) Measured in docs/benchmarks.md, "Gathering a
+# batch's writes".
 GATHER_SECONDS = 0.0005
-GATHER_ABOVE = 3
+GATHER_JOINERS = 2
 
 
 class WriteBatcher:
@@ -61,6 +64,9 @@ class WriteBatcher:
         self._aconnect = aconnect
         self._connect = connect
         self._running = running
+        # A workflow thread gathering a batch's writes (see _gather), and what wakes it: a write queued.
+        self._gathering = False
+        self._joined = threading.Event()
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._pending: list[tuple[Item, Waiter]] = []
@@ -116,6 +122,8 @@ class WriteBatcher:
                 return future
             self._pending.append((item, future))
             idle, self._busy = not self._busy, True
+        if self._gathering:
+            self._joined.set()
         if idle:
             self._kick.set()
         return future
@@ -137,6 +145,8 @@ class WriteBatcher:
                 return waiters
             self._pending.extend(zip(items, waiters, strict=True))
             idle, self._busy = not self._busy, True
+        if self._gathering:
+            self._joined.set()
         if idle:
             self._lead()
         return waiters
@@ -169,6 +179,8 @@ class WriteBatcher:
             self._idle_ticks = 0
             start = not self._ticking and self._loop is not None  # (no loop: a unit test's writer)
             self._ticking = self._ticking or start
+        if self._gathering:
+            self._joined.set()
         if start:
             if on_loop:
                 self._tick()
@@ -228,13 +240,31 @@ class WriteBatcher:
             self._lost_steps.clear()
         return _Plan(batch, self._buckets, self._lost_steps)
 
-    def _gathers(self) -> bool:
-        return self._running() > GATHER_ABOVE
+    def _joiners(self) -> int:
+        """How many running executions have no write waiting: they could still join the next batch."""
+        with self._lock:
+            waiting = len({item.execution_id for item, _ in self._pending if not isinstance(item, Statement)})
+        return self._running() - waiting
+
+    def _gather(self) -> None:
+        """From a workflow thread about to lead a batch: if at least GATHER_JOINERS executions could join it,
+        wait until none can any more (each has a write waiting), at most GATHER_SECONDS."""
+        if self._joiners() < GATHER_JOINERS:
+            return
+        deadline = time.monotonic() + GATHER_SECONDS
+        self._gathering = True
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                self._joined.clear()
+                if self._joiners() <= 0:
+                    return
+                self._joined.wait(left)
+        finally:
+            self._gathering = False
 
     def _lead(self) -> None:
         """In a workflow thread that found the writer idle: run one batch, hand any rest to the loop."""
-        if self._gathers():
-            time.sleep(GATHER_SECONDS)
+        self._gather()
         with self._lock:
             batch = self._take()
         if not batch:
@@ -267,8 +297,6 @@ class WriteBatcher:
             await self._kick.wait()
             self._kick.clear()
             while True:
-                if self._gathers():
-                    await asyncio.sleep(GATHER_SECONDS)
                 with self._lock:
                     batch = self._take()
                 if not batch:

@@ -4,6 +4,7 @@ for one write's data split into single writes, against a fake connection (no ser
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -266,32 +267,46 @@ def test_writer_gives_up_after_three_attempts(monkeypatch: pytest.MonkeyPatch) -
     assert len(attempts) == 3
 
 
-def test_a_busy_worker_gathers_the_writes_of_its_other_executions_into_one_commit(
+def test_a_thread_leading_a_batch_waits_for_the_other_running_executions_to_join(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """More than GATHER_ABOVE executions running: the batch waits GATHER_SECONDS before it is taken, and a
-    write made meanwhile (here: by the fake sleep itself, as another workflow thread would) goes with it."""
-    db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
+    """Three executions run, two of them with no write queued: the leader waits (here: up to a generous
+    deadline) until both have queued theirs, and the three go out in one commit."""
+    monkeypatch.setattr(batcher, "GATHER_SECONDS", 30.0)
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1), ("e3", 1)})
     writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db),  # type: ignore[arg-type,return-value]
-                          running=lambda: batcher.GATHER_ABOVE + 1)
+                          running=lambda: 3)
     others: list[ThreadWaiter] = []
+    leading = threading.Thread(target=lambda: others.append(writer.submit_threadsafe(step("e1", 1, 0))))
+    leading.start()
+    while not writer._gathering:  # the leader is waiting for the others
+        time.sleep(0.001)
+    others.append(writer.submit_threadsafe(step("e2", 1, 0)))  # the writer is busy: queued only
+    others.append(writer.submit_threadsafe(step("e3", 1, 0)))
+    leading.join(timeout=20)
+    assert not leading.is_alive()
+    assert [w.result() for w in others] == [True, True, True]
+    assert len(db.statements) == 1
 
-    def pause(seconds: float) -> None:
-        assert seconds == batcher.GATHER_SECONDS
-        others.extend(writer.submit_all_threadsafe([step("e2", 1, 0)]))  # the writer is busy: queued only
-    monkeypatch.setattr(batcher.time, "sleep", pause)
-    assert writer.submit_threadsafe(step("e1", 1, 0)).result() is True
-    assert [w.result() for w in others] == [True]
-    assert len(db.statements) == 1  # one commit for both
+
+def test_a_batch_goes_at_once_when_no_other_execution_could_join(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher, "GATHER_SECONDS", 30.0)  # a wait would be seen: the test would take 30 s
+    db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
+    for running in (1, 2):  # alone; or one other execution, fewer than GATHER_JOINERS
+        writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db),  # type: ignore[arg-type,return-value]
+                              running=lambda running=running: running)  # type: ignore[misc]
+        started = time.monotonic()
+        assert writer.submit_threadsafe(step("e1", 1, running)).result() is True
+        assert time.monotonic() - started < 10  # not the 30 s of a gathering
+    assert batcher.GATHER_JOINERS == 2
 
 
-def test_a_worker_running_few_executions_writes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gathering_ends_at_its_deadline_when_nobody_joins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher, "GATHER_SECONDS", 0.01)
     db = FakeDatabase(owned={("e1", 1)})
     writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db),  # type: ignore[arg-type,return-value]
-                          running=lambda: batcher.GATHER_ABOVE)
-    pauses: list[float] = []
-    monkeypatch.setattr(batcher.time, "sleep", pauses.append)
+                          running=lambda: 5)  # four others run long steps: none of them writes
     assert writer.submit_threadsafe(step("e1", 1, 0)).result() is True
-    assert pauses == []
+    assert len(db.statements) == 1 and not writer._gathering
 
 
 # ---- deferred writes (a step's checkpoint not waited for) ----------------------------------------------------
