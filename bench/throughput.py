@@ -18,13 +18,17 @@
   L  latency at light load: one one-step workflow every 20 ms (open loop), through the worker of A and C:
      enqueue->start p50/p99 (as in A) and enqueue->result round trip p50/p99 (a second thread waits on the
      results).
+  K  --together K workflows of --together-steps sequential steps each, enqueued at once, through the worker
+     of A and C: steps/s in all and ms/step per workflow (workflows stepping side by side, each waiting for
+     its checkpoints: what the worker's group commit must not slow down). Not in the default parts.
 
 Every run uses a fresh schema (dropped at the end) in a benchmark database that is created if missing.
 
 Usage, from the repository root:
-    .venv/bin/python bench/throughput.py [N] [-c CONCURRENCY] [--kind sync|async] [--parts ABCDEFL]
+    .venv/bin/python bench/throughput.py [N] [-c CONCURRENCY] [--kind sync|async] [--parts ABCDEFLK]
         [--enqueue-threads K] [--steps S] [--roundtrips R] [--jobs J] [--bulk B] [--backlog F]
-        [--latency-n L] [--url URL] [--schema NAME] [--results FILE] [--py-spy FILE]
+        [--latency-n L] [--together K] [--together-steps S] [--url URL] [--schema NAME] [--results FILE]
+        [--py-spy FILE]
     env: PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench)
 
 The worker processes import this file as the module ``bench.throughput`` and serve its ``app``, configured
@@ -502,6 +506,19 @@ def part_a(bench: Bench, args: argparse.Namespace, worker: WorkerProcess, result
     results[f"{key}.start_p99_ms"] = pct(lat, .99) * 1e3
 
 
+def part_k(bench: Bench, args: argparse.Namespace, worker: WorkerProcess, results: Results) -> None:
+    app, flow, k, s = bench.app, bench.flows[args.kind]["many"], args.together, args.together_steps
+    wait_all([app.enqueue(flow, 5)], worker)  # warm-up
+    t = time.perf_counter()
+    values = wait_all([app.enqueue(flow, s) for _ in range(k)], worker)
+    dt = time.perf_counter() - t
+    assert values == [s] * k, "wrong results"
+    print(f"pgdurable {k} workflows together kind={args.kind} ({s} sequential steps each, one worker): "
+          f"{k * s / dt:.0f} steps/s in all, {dt / s * 1e3:.3f} ms/step per workflow", flush=True)
+    results["K.workflows"] = k
+    results["K.steps_per_s"] = k * s / dt
+
+
 def part_b(bench: Bench, args: argparse.Namespace, results: Results) -> None:
     app, flow, s = bench.app, bench.flows[args.kind]["many"], args.steps
     assert app.start(flow, 10).result(timeout=60) == 10  # warm-up
@@ -752,6 +769,9 @@ def main() -> int:
                         help="workflows per enqueue_many call in part E (default 10000)")
     parser.add_argument("--backlog", type=int, default=10_000,
                         help="three-step workflows enqueued before the worker starts in part F (default 10000)")
+    parser.add_argument("--together", type=int, default=8, help="workflows at once in part K (default 8)")
+    parser.add_argument("--together-steps", type=int, default=400,
+                        help="sequential steps of each workflow in part K (default 400)")
     parser.add_argument("--latency-n", type=int, default=200, help="workflows in part L (default 200)")
     parser.add_argument("--latency-interval", type=float, default=0.02,
                         help="seconds between enqueues in part L (default 0.02)")
@@ -774,7 +794,7 @@ def main() -> int:
           f"parts {args.parts}", flush=True)
     worker = None
     try:
-        if any(part in args.parts for part in "ACL"):
+        if any(part in args.parts for part in "ACLK"):
             worker = WorkerProcess(args.url, args.schema, WORK_QUEUE, args.concurrency)
             if "A" in args.parts:
                 part_a(bench, args, worker, results)
@@ -782,6 +802,8 @@ def main() -> int:
                 part_c(bench, args, worker, results)
             if "L" in args.parts:
                 part_l(bench, args, worker, results)
+            if "K" in args.parts:
+                part_k(bench, args, worker, results)
             worker.stop()
             worker = None
         if "B" in args.parts:
