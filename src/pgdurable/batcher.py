@@ -249,7 +249,8 @@ class WriteBatcher:
     def _gather(self) -> None:
         """From a workflow thread about to lead a batch: if at least GATHER_JOINERS executions could join it,
         wait until none can any more (each has a write waiting), at most GATHER_SECONDS."""
-        if self._joiners() < GATHER_JOINERS:
+        # (The leader's own execution is one of the running ones, and has its write queued.)
+        if self._running() <= GATHER_JOINERS or self._joiners() < GATHER_JOINERS:
             return
         deadline = time.monotonic() + GATHER_SECONDS
         self._gathering = True

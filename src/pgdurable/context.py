@@ -45,7 +45,7 @@ class Unwritten:
 
     write: StepWrite
     waiter: Waiter
-    ended_at: datetime  # when the step returned, for metrics and tracing
+    ended_at: datetime | None  # when the step returned, for metrics and tracing (None: nobody observes)
 
 
 async def _awaited(future: asyncio.Future[Any]) -> Any:
@@ -205,7 +205,7 @@ class ExecutionContext:
         it on its own after ``batcher.LINGER_SECONDS``. The workflow's next durable operation waits for it
         first (``settle_sync``/``settle_async``), so nothing that operation does can run before the step it
         follows is recorded."""
-        self.unwritten.append(Unwritten(write, self._batcher.defer(write), self.db_now()))
+        self.unwritten.append(Unwritten(write, self._batcher.defer(write), self.db_now() if self.observers else None))
 
     def settle_sync(self) -> None:
         """From a sync workflow's thread: wait until the deferred checkpoints are written."""
@@ -277,7 +277,7 @@ class ExecutionContext:
         self.check_recorded(recorded, u.write.step_id, u.write.step_name)
         if self.observers:
             self.observers.step_finished(self.telemetry, u.write.step_name, u.write.step_id, u.write.started_at,
-                                         u.ended_at, u.write.error is not None, u.write.tries)
+                                         u.ended_at or self.db_now(), u.write.error is not None, u.write.tries)
 
     def write_nowait(self, write: StepWrite) -> None:
         """Queue a write without waiting for it: the execution's next write commits after it (or fails)."""

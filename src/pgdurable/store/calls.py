@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Generic, TypeVar
@@ -94,19 +93,27 @@ def on_citus(conn: Any) -> bool:
     return conn in _citus
 
 
-@contextmanager
-def _schema_errors(conn: Any, call: Call[Any]) -> Iterator[None]:
+class _schema_errors:  # lower-case: used as `with _schema_errors(conn, call):`
     """A relation, function or schema of pgdurable's own that is missing means pgdurable is not installed (or
     is out of date) there, which deserves a message saying what to run, not libpq's. (A missing object of the
-    application's, as a table binding may name, is the application's error: it goes through unchanged.)"""
-    try:
-        yield
-    except _MISSING as exc:
-        schema = call.schema or _schemas.get(conn)
+    application's, as a table binding may name, is the application's error: it goes through unchanged.)
+    A class, not a contextlib generator: every statement enters it."""
+
+    __slots__ = ("call", "conn")
+
+    def __init__(self, conn: Any, call: Call[Any]) -> None:
+        self.conn, self.call = conn, call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or not isinstance(exc, _MISSING):
+            return
+        schema = self.call.schema or _schemas.get(self.conn)
         detail = (str(exc).splitlines() or [type(exc).__name__])[0]
-        if not _names_own_object(detail, schema):
-            raise
-        raise SchemaNotInstalled(schema, detail) from exc
+        if _names_own_object(detail, schema):
+            raise SchemaNotInstalled(schema, detail) from exc
 
 
 _MISSING_SCHEMA = re.compile(r'schema "(?P<name>[^"]+)" does not exist')
