@@ -51,8 +51,8 @@ _IDLE_TICKS = 200
 # commits leave the disk to them. The wait ends as soon as every running execution has a write queued, so a
 # few workflows stepping in lockstep lose nothing. The event loop's flusher does not gather: asyncio sleeps no
 # shorter than a millisecond, and that pause made eight workflows stepping together 20% slower. (PostgreSQL's
-# commit_delay and commit_siblings do the like on the server.) Measured in docs/benchmarks.md, "Gathering a
-# batch's writes".
+# commit_delay and commit_siblings do the like on the server.) Measured in docs/benchmarks.md, "Durable time
+# inlined, and a busy worker's writes gathered".
 GATHER_SECONDS = 0.0005
 GATHER_JOINERS = 2
 
