@@ -122,8 +122,7 @@ class WriteBatcher:
                 return future
             self._pending.append((item, future))
             idle, self._busy = not self._busy, True
-        if self._gathering:
-            self._joined.set()
+        self._wake_gatherer()
         if idle:
             self._kick.set()
         return future
@@ -145,8 +144,7 @@ class WriteBatcher:
                 return waiters
             self._pending.extend(zip(items, waiters, strict=True))
             idle, self._busy = not self._busy, True
-        if self._gathering:
-            self._joined.set()
+        self._wake_gatherer()
         if idle:
             self._lead()
         return waiters
@@ -179,8 +177,7 @@ class WriteBatcher:
             self._idle_ticks = 0
             start = not self._ticking and self._loop is not None  # (no loop: a unit test's writer)
             self._ticking = self._ticking or start
-        if self._gathering:
-            self._joined.set()
+        self._wake_gatherer()
         if start:
             if on_loop:
                 self._tick()
@@ -239,6 +236,11 @@ class WriteBatcher:
         if len(self._lost_steps) > _MAX_BUCKETS:  # long over: their attempts have ended
             self._lost_steps.clear()
         return _Plan(batch, self._buckets, self._lost_steps)
+
+    def _wake_gatherer(self) -> None:
+        """After queueing a write: a leader gathering a batch looks again whether anyone is left to join."""
+        if self._gathering:
+            self._joined.set()
 
     def _joiners(self) -> int:
         """How many running executions have no write waiting: they could still join the next batch."""

@@ -278,7 +278,9 @@ def test_a_thread_leading_a_batch_waits_for_the_other_running_executions_to_join
     others: list[ThreadWaiter] = []
     leading = threading.Thread(target=lambda: others.append(writer.submit_threadsafe(step("e1", 1, 0))))
     leading.start()
+    deadline = time.monotonic() + 20
     while not writer._gathering:  # the leader is waiting for the others
+        assert time.monotonic() < deadline, "the leader never gathered"
         time.sleep(0.001)
     others.append(writer.submit_threadsafe(step("e2", 1, 0)))  # the writer is busy: queued only
     others.append(writer.submit_threadsafe(step("e3", 1, 0)))
@@ -288,15 +290,26 @@ def test_a_thread_leading_a_batch_waits_for_the_other_running_executions_to_join
     assert len(db.statements) == 1
 
 
-def test_a_batch_goes_at_once_when_no_other_execution_could_join(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batcher, "GATHER_SECONDS", 30.0)  # a wait would be seen: the test would take 30 s
+class _RecordingEvent(threading.Event):
+    """An Event that records each wait (a gathering leader waits on the writer's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
+def test_a_batch_goes_at_once_when_no_other_execution_could_join() -> None:
     db = FakeDatabase(owned={("e1", 1), ("e2", 1)})
     for running in (1, 2):  # alone; or one other execution, fewer than GATHER_JOINERS
         writer = WriteBatcher(aconnect=None, connect=lambda: FakeConnection(db),  # type: ignore[arg-type,return-value]
                               running=lambda running=running: running)  # type: ignore[misc]
-        started = time.monotonic()
+        joined = writer._joined = _RecordingEvent()
         assert writer.submit_threadsafe(step("e1", 1, running)).result() is True
-        assert time.monotonic() - started < 10  # not the 30 s of a gathering
+        assert joined.waits == [] and not writer._gathering  # never waited for anyone
     assert batcher.GATHER_JOINERS == 2
 
 
