@@ -108,7 +108,7 @@ class Database:
     def connect(self) -> psycopg.Connection[Any]:
         """A dedicated autocommit connection (listeners, long-lived loops). The caller closes it."""
         self.ensure_schema()
-        conn = psycopg.connect(self.conninfo, autocommit=True)
+        conn = store.calls.OwnConnection.connect(self.conninfo, autocommit=True)
         configure(conn, self.schema, self.distributed)
         return conn
 
@@ -120,7 +120,8 @@ class Database:
                     self.ensure_schema()
                     schema, distributed = self.schema, self.distributed
                     self._pool = StackPool(
-                        self.conninfo, min_size=1, max_size=self.pool_size, open=True,
+                        self.conninfo, connection_class=store.calls.OwnConnection, min_size=1,
+                        max_size=self.pool_size, open=True,
                         kwargs={"autocommit": True}, configure=lambda c: configure(c, schema, distributed),
                         name="pgdurable")
         return self._pool
@@ -155,7 +156,7 @@ class Database:
 
     async def aconnect(self) -> psycopg.AsyncConnection[Any]:
         await asyncio.to_thread(self.ensure_schema)
-        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        conn = await store.calls.AsyncOwnConnection.connect(self.conninfo, autocommit=True)
         await aconfigure(conn, self.schema, self.distributed)
         return conn
 
@@ -171,7 +172,8 @@ class Database:
                 await aconfigure(conn, schema, distributed)
 
             pool = AsyncStackPool(
-                self.conninfo, min_size=1, max_size=size or self.pool_size, open=False,
+                self.conninfo, connection_class=store.calls.AsyncOwnConnection, min_size=1,
+                max_size=size or self.pool_size, open=False,
                 kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
             await pool.open()
             pool = await _keep_first(self._async_pools, loop, pool)
