@@ -90,13 +90,16 @@ class SleepingWorker:
     def __init__(self, url: str, schema: str, queue: str) -> None:
         self.url, self.schema, self.queue = url, schema, queue
         self.rings = 0
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._listening = threading.Event()
         self._thread = threading.Thread(target=self._sleep, name="sleeping-worker")
 
     def __enter__(self) -> SleepingWorker:
         self._thread.start()
-        self._listening.wait(30)
+        if not self._listening.wait(30) or self.error is not None:
+            self.__exit__()
+            raise RuntimeError(f"the sleeping worker did not start listening: {self.error}")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -104,8 +107,17 @@ class SleepingWorker:
         self._thread.join()
         with connect(self.url, self.schema) as conn:
             conn.execute("DELETE FROM worker_doorbells WHERE worker_id = 'costs-sleeper'")
+        if self.error is not None:  # a "with" side that stopped ringing would read as wake-ups that cost nothing
+            raise RuntimeError(f"the sleeping worker failed: {self.error}") from self.error
 
     def _sleep(self) -> None:
+        try:
+            self._listen_and_rearm()
+        except BaseException as exc:
+            self.error = exc
+            self._listening.set()
+
+    def _listen_and_rearm(self) -> None:
         # (Two connections: psycopg runs no statement on a connection while its notifies() waits.)
         with connect(self.url, self.schema) as listening, connect(self.url, self.schema) as conn:
             listening.execute(channels.listen(self.schema, "work"))
@@ -214,10 +226,10 @@ def main() -> None:
                 order = ("with", "without") if round_ % 2 else ("without", "with")
                 tps: dict[str, float] = {}
                 for side in order:
-                    sleeper = SleepingWorker(args.url, schema, IDLE_QUEUE)
-                    with sleeper if side == "with" else no_bells(args.url, schema):
+                    sleeper = SleepingWorker(args.url, schema, IDLE_QUEUE) if side == "with" else None
+                    with sleeper or no_bells(args.url, schema):
                         tps[side] = pgbench(args.url, enqueue_sql, c, args.seconds)
-                    if side == "with":
+                    if sleeper is not None:
                         rings[c].append(sleeper.rings / args.seconds)
                 contention[c].append((tps["with"], tps["without"]))
             floor_ms = rows["floor_ms"][-1]
