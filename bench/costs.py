@@ -9,13 +9,13 @@ a noisy machine moves both (the medians over rounds are reported):
   checkpoint    a workflow of S sequential steps run in this process (app.start), ms per step, against the
                 same floor.
   contention    pgbench, C clients each running SELECT enqueue_workflow(...) in its own transaction, with
-                wake-ups (a worker sleeping on the queue that arms its doorbell again as soon as a ring
-                wakes it, so that an enqueue rings and notifies every time it can: far more often than a
-                worker goes back to sleep) and without (no bell armed: no enqueue notifies): what the
-                wake-ups cost transactions that enqueue. The two sides take turns going first. (Until 2026-12-04 the
-                reference was the same run with triggers off, session_replication_role=replica; since
-                wake-ups moved from a trigger into the insert function (migration 17), that ran the very
-                same statements, and the ratio measured only which of the two runs went second.)
+                wake-ups (a worker sleeping on the queue that goes back to sleep as soon as a ring wakes it,
+                by the producer's rules: its bell armed again at once unless the queue is hot) and without
+                (no bell armed: no enqueue notifies): what the wake-ups cost transactions that enqueue.
+                The two sides take turns going first. (Until 2026-12-04 the reference was the same run
+                with triggers off, session_replication_role=replica; since wake-ups moved from a trigger
+                into the insert function (migration 17), that ran the very same statements, and the ratio
+                measured only which of the two runs went second.)
   wake          at light load (one every 20 ms, open loop), SELECT enqueue_workflow(...) committed on a plain
                 connection (as any language would), then the result of that step-less workflow awaited
                 (app.handle(id).result()) from a worker process: p50 and p99 of the round trip (the
@@ -61,6 +61,7 @@ from bench.throughput import (
     pct,
 )
 from pgdurable import channels
+from pgdurable.worker.producer import HotQueue, Producer
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/pgdurable_bench"
 
@@ -82,14 +83,19 @@ def write(directory: str, name: str, text: str) -> str:
 
 
 class SleepingWorker:
-    """While in use: a worker asleep on ``queue`` that goes back to sleep as soon as it is woken, the worst
-    case for the enqueuers: its doorbell is armed again (one committed UPDATE, as a worker's arming claim)
-    on every NOTIFY its ring sends, so the next enqueue rings it again. ``rings`` counts them. (No timer:
-    a probe that re-armed every millisecond cost the enqueuers its own polling.)"""
+    """While in use: a worker asleep on ``queue`` that does nothing but wake up, the worst case for the
+    enqueuers: on every NOTIFY its ring sends it looks at the queue (as the claim a ring brings) and goes back
+    to sleep at once, its doorbell armed again (one committed UPDATE, as a worker's arming claim), so that the
+    next enqueue rings it again. It follows the producer's rule for a hot queue (worker/producer.py's
+    HotQueue): when a look finds more than the execution that rang, it looks again every
+    Producer.COALESCE_SECONDS instead, and arms only once the queue has stayed quiet; the claims a real worker
+    would send are these looks (``rings`` and ``looks`` count them). (No timer: a probe that re-armed every
+    millisecond cost the enqueuers its own polling.)"""
 
     def __init__(self, url: str, schema: str, queue: str) -> None:
         self.url, self.schema, self.queue = url, schema, queue
         self.rings = 0
+        self.looks = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._listening = threading.Event()
@@ -123,13 +129,33 @@ class SleepingWorker:
             listening.execute(channels.listen(self.schema, "work"))
             conn.execute("INSERT INTO worker_doorbells (queue, worker_id) VALUES (%s, 'costs-sleeper')"
                          " ON CONFLICT (queue, worker_id) DO UPDATE SET armed = true", (self.queue,))
+            seen = self._look(conn, 0)[1]
+            self.looks = 0
             self._listening.set()
+            hot = HotQueue()
             while not self._stop.is_set():
                 for notice in listening.notifies(timeout=0.1):
-                    if notice.payload == self.queue:
-                        self.rings += 1
-                        conn.execute("UPDATE worker_doorbells SET armed = true WHERE queue = %s"
-                                     " AND worker_id = 'costs-sleeper'", (self.queue,))
+                    if notice.payload != self.queue:
+                        continue
+                    self.rings += 1
+                    found, seen = self._look(conn, seen)
+                    hot.claimed(found, after_ring=True, now=time.monotonic())
+                    while hot.polling and not self._stop.is_set():
+                        time.sleep(Producer.COALESCE_SECONDS)
+                        found, seen = self._look(conn, seen)
+                        hot.claimed(found, after_ring=False, now=time.monotonic())
+                    conn.execute("UPDATE worker_doorbells SET armed = true WHERE queue = %s"
+                                 " AND worker_id = 'costs-sleeper'", (self.queue,))
+
+    def _look(self, conn: psycopg.Connection[Any], seen: int) -> tuple[int, int]:
+        """How many executions were enqueued into the queue after ``seq`` ``seen``, and the last one's seq
+        (along the claim index: nobody claims from this queue, and its priority is 0)."""
+        self.looks += 1
+        row = conn.execute("SELECT count(*), coalesce(max(seq), %s) FROM workflow_executions"
+                           " WHERE status = 'enqueued' AND queue = %s AND priority = 0 AND seq > %s",
+                           (seen, self.queue, seen)).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
 
 
 @contextlib.contextmanager
@@ -208,6 +234,7 @@ def main() -> None:
     rows: dict[str, list[float]] = {"floor_ms": [], "enqueue_ms": [], "sql_enqueue_ms": [], "step_ms": []}
     contention: dict[int, list[tuple[float, float]]] = {c: [] for c in clients}
     rings: dict[int, list[float]] = {c: [] for c in clients}  # wake-ups a second on the "with" side
+    looks: dict[int, list[float]] = {c: [] for c in clients}  # and the sleeper's claims (looks) a second
     try:
         app.enqueue(job, 0)  # warm the pool
         for round_ in range(1, args.rounds + 1):
@@ -231,12 +258,14 @@ def main() -> None:
                         tps[side] = pgbench(args.url, enqueue_sql, c, args.seconds)
                     if sleeper is not None:
                         rings[c].append(sleeper.rings / args.seconds)
+                        looks[c].append(sleeper.looks / args.seconds)
                 contention[c].append((tps["with"], tps["without"]))
             floor_ms = rows["floor_ms"][-1]
             print(f"round {round_}: floor {floor_ms:.3f} ms; enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"step {rows['step_ms'][-1] / floor_ms:.2f}x; contention ({order[0]} first) " + ", ".join(
-                      f"{c}: {contention[c][-1][0] / contention[c][-1][1]:.2f} ({rings[c][-1]:.0f} rings/s)"
+                      f"{c}: {contention[c][-1][0] / contention[c][-1][1]:.2f} ({rings[c][-1]:.0f} rings/s, "
+                      f"{looks[c][-1]:.0f} looks/s)"
                       for c in clients), flush=True)
         wake, wake_after_commit = light_load_round_trips(args, app, schema)
     finally:
@@ -256,7 +285,8 @@ def main() -> None:
         "contention": {str(c): {"with_tps": statistics.median(w for w, _ in pairs),
                                 "without_tps": statistics.median(wo for _, wo in pairs),
                                 "ratio": statistics.median(w / wo for w, wo in pairs),
-                                "rings_per_s": statistics.median(rings[c])}
+                                "rings_per_s": statistics.median(rings[c]),
+                                "looks_per_s": statistics.median(looks[c])}
                        for c, pairs in contention.items()},
         "rounds": args.rounds,
         "wake_p50_ms": pct(wake, 0.5), "wake_p99_ms": pct(wake, 0.99), "wake_n": len(wake),
@@ -273,7 +303,7 @@ def main() -> None:
     for c, figures in summary["contention"].items():
         print(f"  enqueue in app transactions, {c:>2} clients: {figures['with_tps']:.0f} vs "
               f"{figures['without_tps']:.0f} tps without wake-ups = {figures['ratio']:.2f}x (target >= 0.95x; "
-              f"{figures['rings_per_s']:.0f} wake-ups a second)")
+              f"{figures['rings_per_s']:.0f} wake-ups and {figures['looks_per_s']:.0f} looks a second)")
     print(f"  SQL enqueue -> result, step-less workflow, 1 per 20 ms ({len(wake)}x): p50 "
           f"{summary['wake_p50_ms']:.2f} ms, p99 {summary['wake_p99_ms']:.2f} ms (target p50 <= 5 ms); from the "
           f"COMMIT's return, p50 {summary['wake_after_commit_p50_ms']:.2f} ms")

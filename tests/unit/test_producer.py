@@ -9,7 +9,7 @@ from typing import Any
 
 from pgdurable import store
 from pgdurable.config import Settings
-from pgdurable.worker.producer import Producer
+from pgdurable.worker.producer import HotQueue, Producer
 
 
 class FakeExecutor:
@@ -43,13 +43,14 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
                                close_after: float | None = None, ring_after: float | None = None,
                                after_claim: Callable[[int, Producer], None] | None = None,
                                stop_after: float | None = None, debounce: float = 3600.0,
-                               ) -> tuple[list[str], list[str]]:
+                               quiet: float | None = None) -> tuple[list[str], list[str]]:
     """Runs a producer whose claims return ``claims`` in turn, until it has sent every scripted claim; returns
     the names of the statements sent ("claim+arm" for a claim asked to arm the doorbell if it finds nothing)
     and the executions launched. ``after_claim(i, producer)`` is called on the loop once the producer has
     handled the i-th claim's result. With ``stop_after``, the run also ends that many seconds after the last
     claim but one returned (to show that the producer sends no more). ``debounce``: the debouncer's interval,
-    by default an hour (any claim it delays would never come within the test's deadline)."""
+    by default an hour (any claim it delays would never come within the test's deadline). ``quiet``: how long
+a hot queue must stay empty before the producer arms its bell again (HotQueue.QUIET_SECONDS)."""
     sent: list[str] = []
     executor = FakeExecutor()
     stopping = asyncio.Event()
@@ -86,6 +87,8 @@ async def _claims_after_arming(claims: list[list[str]], ring_while_arming: bool 
     if close_after is not None:
         producer.GAP_SECONDS = close_after
     producer.idle.delay = idle_delay
+    if quiet is not None:
+        producer.hot.QUIET_SECONDS = quiet
     if seen is not None:
         seen.append(producer)
     task = asyncio.create_task(producer.run())
@@ -276,3 +279,58 @@ def test_a_claim_or_a_ring_while_a_completion_arms_decides_the_mark() -> None:
                                                       after_claim=ring_meanwhile))
     assert sent == ["claim+arm", "claim+arm", "claim"]
     assert marks == [False, False]
+
+
+def test_a_ring_whose_claim_finds_more_than_one_execution_makes_the_producer_poll_instead_of_arming() -> None:
+    """Others were enqueued while the ring's wake-up took: enqueues come faster than the worker wakes, and a
+    bell armed again would be rung by the very next one. The producer claims as a busy one does (a moment
+    apart here), asking to arm nothing, for as long as the queue has not stayed quiet (an hour here); no
+    completion arms the bell meanwhile either."""
+    completion_arms: list[bool] = []
+
+    def after(i: int, producer: Producer) -> None:
+        if i >= 1:
+            completion_arms.append(producer.arm_with_completion() is not None)
+
+    sent, launched = asyncio.run(_claims_after_arming(
+        [[], ["a", "b"], ["c"], [], []], ring_after=0.0, close_after=3600.0, gap_delay=0.001, debounce=0.001,
+        quiet=3600.0, after_claim=after))
+    assert sent == ["claim+arm", "claim+arm", "claim", "claim", "claim"]
+    assert launched == ["a", "b", "c"]
+    assert completion_arms == [False, False, False, False]
+
+
+def test_a_hot_queue_that_stayed_quiet_gets_its_bell_armed_again() -> None:
+    """Once claims have found nothing for HotQueue.QUIET_SECONDS (at once here), the producer arms its bell and
+    closes the gap as after any arming, and sleeps until the next ring."""
+    sent, launched = asyncio.run(_claims_after_arming(
+        [[], ["a", "b"], [], [], []], ring_after=0.0, close_after=0.001, gap_delay=0.001, debounce=0.001,
+        quiet=0.0))
+    assert sent == ["claim+arm", "claim+arm", "claim", "claim", "arm_doorbell", "claim"]
+    assert launched == ["a", "b"]
+
+
+def test_a_ring_that_brings_one_execution_keeps_the_bell() -> None:
+    """One client enqueuing after each result, or enqueues paced apart, bring one execution a ring: the next
+    claim asks to arm again, as before any ring."""
+    sent, launched = asyncio.run(_claims_after_arming(
+        [[], ["a"], [], []], ring_after=0.0, close_after=0.001, gap_delay=0.001, debounce=0.001, quiet=3600.0))
+    assert sent == ["claim+arm", "claim+arm", "claim+arm", "claim"]
+    assert launched == ["a"]
+
+
+def test_a_hot_queue_is_set_by_a_busy_ring_and_ended_by_quiet() -> None:
+    hot = HotQueue()
+    hot.claimed(5, after_ring=False, now=0.0)
+    assert not hot.polling  # work found without a ring: a busy producer, bell or not
+    hot.claimed(1, after_ring=True, now=0.0)
+    assert not hot.polling  # the ring's own execution only
+    hot.claimed(2, after_ring=True, now=0.0)
+    assert hot.polling
+    hot.claimed(0, after_ring=False, now=1.0)
+    hot.claimed(0, after_ring=False, now=1.0 + HotQueue.QUIET_SECONDS / 2)
+    hot.claimed(3, after_ring=False, now=1.0 + HotQueue.QUIET_SECONDS)  # work again: the quiet starts over
+    hot.claimed(0, after_ring=False, now=2.0)
+    assert hot.polling
+    hot.claimed(0, after_ring=False, now=2.0 + HotQueue.QUIET_SECONDS)
+    assert not hot.polling

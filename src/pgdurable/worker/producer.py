@@ -31,6 +31,13 @@ bell. One case still escapes the bell: a transaction that looked at the bell jus
 committed after the claim closing the gap (a long application transaction, a slow commit); the sleeping
 producer re-claims on a backoff (50 ms, doubling up to the poll interval while the queue stays empty, back to
 50 ms after any work), so such work waits tens of milliseconds, never a whole poll interval.
+A bell is worth its ring only if the worker would otherwise sleep for a while. When the claim a ring brings
+finds more than the execution that rang (others were enqueued in the moment the wake-up took), enqueues come
+faster than the worker wakes: armed again, its bell would be rung by the very next one, a NOTIFY and a write
+in some application's transaction for every few executions. The queue is then ``HotQueue``: the producer
+claims as a busy one does (``COALESCE_SECONDS`` apart) and arms nothing until the queue has stayed empty for
+``HotQueue.QUIET_SECONDS``; such work waits up to one such interval, as it does for a busy worker. One client
+enqueuing after each result, or enqueues paced apart, bring one execution a ring and keep their wake-ups.
 """
 
 from __future__ import annotations
@@ -88,6 +95,29 @@ class Backoff:
         self.delay = None
 
 
+class HotQueue:
+    """Whether the producer polls its queue instead of arming the bell (see the module's docstring): set by
+    a ring whose claim found more than one execution, ended once claims have found nothing for
+    ``QUIET_SECONDS``. (bench/costs.py's sleeping worker follows the same rule.)"""
+
+    QUIET_SECONDS = 0.02
+
+    def __init__(self) -> None:
+        self.polling = False
+        self._empty_since: float | None = None
+
+    def claimed(self, found: int, after_ring: bool, now: float) -> None:
+        """A claim found ``found`` executions, ``after_ring`` if a ring was heard since the previous claim."""
+        if after_ring and found > 1:
+            self.polling = True
+        if found or not self.polling:
+            self._empty_since = None
+        elif self._empty_since is None:
+            self._empty_since = now
+        elif now - self._empty_since >= self.QUIET_SECONDS:
+            self.polling, self._empty_since = False, None
+
+
 class Producer:
     """Claims one queue's executions for a worker (plain claims, or policy claims on a queue with limits)."""
 
@@ -134,6 +164,7 @@ class Producer:
         self.last_was_short = False
         self.claims = 0
         self.rings = 0
+        self.hot = HotQueue()
         self._wake = asyncio.Event()
         # Waiting for room (no free slot, or the last claim filled its batch): a freed slot wakes it.
         self.hungry = True
@@ -165,7 +196,7 @@ class Producer:
         None if it arms nothing. It arms even if the producer believes its bell armed: an enqueue may have
         rung it (disarmed it) and been claimed before its NOTIFY arrived here; on an armed bell the arming
         writes nothing."""
-        if (not self.last_was_short or self._stopping.is_set()
+        if (not self.last_was_short or self._stopping.is_set() or self.hot.polling
                 or not self._arms_in_claim(self.policies().get(self.queue))):
             return None
         claims, rings = self.claims, self.rings
@@ -192,6 +223,7 @@ class Producer:
         # queue stays empty (else an enqueue that escaped the bell could wait out a whole poll interval).
         found_since_sleep = False
         lost_connections = 0
+        rings_at_claim = self.rings
         while not self._stopping.is_set():
             # Clear before claiming: a NOTIFY that arrives during the claim still wakes the next wait.
             self._wake.clear()
@@ -223,11 +255,12 @@ class Producer:
             claim = store.claims.claim_with_policy if in_sql else store.claims.claim
             # A plain claim on a single node arms the doorbell itself if it finds nothing, saving the
             # arming statement's round trip and commit. Marked armed first, for the reason given in _arm.
-            arming = not self.armed and self._arms_in_claim(policy)
+            arming = not self.armed and not self.hot.polling and self._arms_in_claim(policy)
             if arming:
                 self.armed = True
             gap_open, self.gap_open = self.gap_open, False
             self.claims += 1
+            after_ring, rings_at_claim = self.rings != rings_at_claim, self.rings
             executor.reserved += limit  # until the claimed are running: other producers see them taken
             retry, claimed = 0.0, list[store.claims.Claimed]()
             try:
@@ -247,6 +280,7 @@ class Producer:
                         executor.observers.claimed(self.queue, len(claimed), time.monotonic() - started)
                     self.last_was_short = len(claimed) < limit
                     found_since_sleep = found_since_sleep or bool(claimed)
+                    self.hot.claimed(len(claimed), after_ring, time.monotonic())
                     lost_connections = 0
                     if arming and claimed:
                         self.armed = False  # found work: the statement left the bell as it was
@@ -270,6 +304,13 @@ class Producer:
                 self.idle.reset()
                 continue  # there may be more waiting
             self.hungry = False
+            if self.hot.polling:
+                # Enqueues come faster than a wake-up: claim again as a busy producer does (a freed slot wakes
+                # it while it has work, the debouncer spacing those claims) rather than arm a bell the next
+                # enqueue would ring at once.
+                self.hungry = bool(claimed)
+                await self._sleep(self.COALESCE_SECONDS)
+                continue
             if arming:
                 if claimed:
                     # Found work, so the statement armed nothing and there is no gap to close: claim again as a
