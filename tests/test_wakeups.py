@@ -206,6 +206,55 @@ def test_a_worker_finishing_its_last_execution_has_armed_its_bell_by_the_time_th
     runner.stop()
 
 
+def test_a_worker_whose_ring_brings_a_burst_claims_without_a_bell_until_its_queue_is_quiet(
+        make_app: Callable[..., pgdurable.App], database_url: str, schema: str,
+        start_worker: Callable[..., ThreadWorker], listening: Callable[[], list[str]]) -> None:
+    """The claim a ring brings finds more than the execution that rang (a transaction enqueued five): the
+    queue is hot, and the worker claims on its own instead of arming its bell, so the next enqueue sends no
+    NOTIFY and still runs (polls are five minutes apart, the idle backoff is past a second: only the hot
+    queue's claims can find it). Once the queue has stayed quiet (at once here; an hour until then), the bell
+    is armed again and the next enqueue rings it."""
+    app = make_app(poll_seconds=300.0)
+    ran: list[str] = []
+    finished = threading.Condition()
+
+    @app.workflow(name="ping")
+    def ping(n: int) -> None:
+        with finished:
+            ran.append(str(n))
+            finished.notify_all()
+
+    def ran_all(*numbers: int) -> None:
+        with finished:
+            assert finished.wait_for(lambda: all(str(n) in ran for n in numbers), WAIT), ran
+
+    app.migrate()
+    runner = start_worker(app, concurrency=8)
+    producer = runner.worker.producers["default"]
+    producer.hot.QUIET_SECONDS = 3600.0
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the worker to arm its bell")
+        wait_for(lambda: (producer.idle.delay or 0) >= 1.0, WAIT, "a long idle backoff")
+        conn.execute("SELECT enqueue_workflow('ping', jsonb_build_object('n', n)) FROM generate_series(1, 5) n")
+        ran_all(1, 2, 3, 4, 5)
+        assert listening() == ["default"]  # one ring for the five
+        assert producer.hot.polling
+
+        conn.execute("SELECT enqueue_workflow('ping', '{\"n\": 6}')")
+        ran_all(6)
+        assert listening() == []  # found by the hot queue's claims, with no NOTIFY
+        assert not armed(conn)[("default", runner.worker.id)]
+
+        producer.hot.QUIET_SECONDS = 0.0
+        wait_for(lambda: armed(conn).get(("default", runner.worker.id)), WAIT, "the bell armed again")
+        assert not producer.hot.polling
+        conn.execute("SELECT enqueue_workflow('ping', '{\"n\": 7}')")
+        ran_all(7)
+        assert listening() == ["default"]
+    runner.stop()
+
+
 def test_work_that_slipped_past_the_bell_is_found_by_the_idle_backoff(
         make_app: Callable[..., pgdurable.App], database_url: str, schema: str,
         start_worker: Callable[..., ThreadWorker]) -> None:
