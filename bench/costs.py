@@ -11,8 +11,10 @@ a noisy machine moves both (the medians over rounds are reported):
   contention    pgbench, C clients each running SELECT enqueue_workflow(...) in its own transaction, with
                 wake-ups (a worker sleeping on the queue that goes back to sleep as soon as a ring wakes it,
                 by the producer's rules: its bell armed again at once unless the queue is hot) and without
-                (no bell armed: no enqueue notifies): what the wake-ups cost transactions that enqueue.
-                The two sides take turns going first. (Until 2026-12-04 the reference was the same run
+                (no bell armed: no enqueue notifies, no worker): what the wake-ups cost transactions that
+                enqueue. A third side has the same worker poll every 5 ms with no bell (a worker without
+                wake-ups still looks at the queue): against it, the cost of the wake-ups alone. The sides
+                take turns going first. (Until 2026-12-04 the reference was the same run
                 with triggers off, session_replication_role=replica; since wake-ups moved from a trigger
                 into the insert function (migration 17), that ran the very same statements, and the ratio
                 measured only which of the two runs went second.)
@@ -64,6 +66,9 @@ from pgdurable import channels
 from pgdurable.worker.producer import HotQueue, Producer
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/pgdurable_bench"
+# The contention benchmark's sides: a worker asleep on the queue (wake-ups), the same worker polling with no
+# bell, and no worker at all (no bell armed).
+SIDES = ("with", "polling", "without")
 
 
 def pgbench(url: str, script: str, clients: int, seconds: int, options: str | None = None) -> float:
@@ -90,10 +95,12 @@ class SleepingWorker:
     HotQueue): when a look finds more than the execution that rang, it looks again every
     Producer.COALESCE_SECONDS instead, and arms only once the queue has stayed quiet; the claims a real worker
     would send are these looks (``rings`` and ``looks`` count them). (No timer: a probe that re-armed every
-    millisecond cost the enqueuers its own polling.)"""
+    millisecond cost the enqueuers its own polling.)
+    With ``bell=False``: the same worker without wake-ups, looking every Producer.COALESCE_SECONDS and arming
+    nothing (what a worker that only polls would cost the enqueuers)."""
 
-    def __init__(self, url: str, schema: str, queue: str) -> None:
-        self.url, self.schema, self.queue = url, schema, queue
+    def __init__(self, url: str, schema: str, queue: str, bell: bool = True) -> None:
+        self.url, self.schema, self.queue, self.bell = url, schema, queue, bell
         self.rings = 0
         self.looks = 0
         self.error: BaseException | None = None
@@ -118,7 +125,7 @@ class SleepingWorker:
 
     def _sleep(self) -> None:
         try:
-            self._listen_and_rearm()
+            self._listen_and_rearm() if self.bell else self._poll()
         except BaseException as exc:
             self.error = exc
             self._listening.set()
@@ -146,6 +153,15 @@ class SleepingWorker:
                         hot.claimed(found, after_ring=False, now=time.monotonic())
                     conn.execute("UPDATE worker_doorbells SET armed = true WHERE queue = %s"
                                  " AND worker_id = 'costs-sleeper'", (self.queue,))
+
+    def _poll(self) -> None:
+        with connect(self.url, self.schema) as conn:
+            seen = self._look(conn, 0)[1]
+            self.looks = 0
+            self._listening.set()
+            while not self._stop.is_set():
+                time.sleep(Producer.COALESCE_SECONDS)
+                seen = self._look(conn, seen)[1]
 
     def _look(self, conn: psycopg.Connection[Any], seen: int) -> tuple[int, int]:
         """How many executions were enqueued into the queue after ``seq`` ``seen``, and the last one's seq
@@ -232,7 +248,7 @@ def main() -> None:
     job = bench.flows["sync"]["job"]
     many_steps = bench.flows["sync"]["many"]
     rows: dict[str, list[float]] = {"floor_ms": [], "enqueue_ms": [], "sql_enqueue_ms": [], "step_ms": []}
-    contention: dict[int, list[tuple[float, float]]] = {c: [] for c in clients}
+    contention: dict[int, list[tuple[float, float, float]]] = {c: [] for c in clients}  # tps of each of SIDES
     rings: dict[int, list[float]] = {c: [] for c in clients}  # wake-ups a second on the "with" side
     looks: dict[int, list[float]] = {c: [] for c in clients}  # and the sleeper's claims (looks) a second
     try:
@@ -248,23 +264,26 @@ def main() -> None:
             app.start(many_steps, args.steps).result()
             rows["step_ms"].append((time.perf_counter() - started) * 1000 / args.steps)
             for c in clients:
-                # The two sides take turns going first: whichever ran second came out 9-18% ahead (six rounds
-                # at 32 clients of the same statements on both sides).
-                order = ("with", "without") if round_ % 2 else ("without", "with")
+                # The sides take turns going first: whichever ran second came out 9-18% ahead (six rounds at
+                # 32 clients of the same statements on both sides).
+                sides = SIDES[round_ % 3:] + SIDES[:round_ % 3]
                 tps: dict[str, float] = {}
-                for side in order:
-                    sleeper = SleepingWorker(args.url, schema, IDLE_QUEUE) if side == "with" else None
-                    with sleeper or no_bells(args.url, schema):
+                for side in sides:
+                    sleeper = SleepingWorker(args.url, schema, IDLE_QUEUE, bell=side == "with")
+                    with no_bells(args.url, schema) if side != "with" else contextlib.nullcontext(), \
+                            sleeper if side != "without" else contextlib.nullcontext():
                         tps[side] = pgbench(args.url, enqueue_sql, c, args.seconds)
-                    if sleeper is not None:
+                    if side == "with":
                         rings[c].append(sleeper.rings / args.seconds)
                         looks[c].append(sleeper.looks / args.seconds)
-                contention[c].append((tps["with"], tps["without"]))
+                contention[c].append((tps["with"], tps["polling"], tps["without"]))
             floor_ms = rows["floor_ms"][-1]
             print(f"round {round_}: floor {floor_ms:.3f} ms; enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
-                  f"step {rows['step_ms'][-1] / floor_ms:.2f}x; contention ({order[0]} first) " + ", ".join(
-                      f"{c}: {contention[c][-1][0] / contention[c][-1][1]:.2f} ({rings[c][-1]:.0f} rings/s, "
+                  f"step {rows['step_ms'][-1] / floor_ms:.2f}x; contention ({sides[0]} first; with wake-ups ÷ no"
+                  " worker, ÷ a polling worker) " + ", ".join(
+                      f"{c}: {contention[c][-1][0] / contention[c][-1][2]:.2f}, "
+                      f"{contention[c][-1][0] / contention[c][-1][1]:.2f} ({rings[c][-1]:.0f} rings/s, "
                       f"{looks[c][-1]:.0f} looks/s)"
                       for c in clients), flush=True)
         wake, wake_after_commit = light_load_round_trips(args, app, schema)
@@ -282,12 +301,15 @@ def main() -> None:
         "enqueue_ms": statistics.median(rows["enqueue_ms"]), "enqueue_ratio": ratio("enqueue_ms"),
         "sql_enqueue_ms": statistics.median(rows["sql_enqueue_ms"]), "sql_enqueue_ratio": ratio("sql_enqueue_ms"),
         "step_ms": statistics.median(rows["step_ms"]), "step_ratio": ratio("step_ms"),
-        "contention": {str(c): {"with_tps": statistics.median(w for w, _ in pairs),
-                                "without_tps": statistics.median(wo for _, wo in pairs),
-                                "ratio": statistics.median(w / wo for w, wo in pairs),
+        "contention": {str(c): {"with_tps": statistics.median(w for w, _, _ in sides),
+                                "polling_tps": statistics.median(p for _, p, _ in sides),
+                                "without_tps": statistics.median(wo for _, _, wo in sides),
+                                "ratio": statistics.median(w / wo for w, _, wo in sides),
+                                "ratio_to_polling": statistics.median(w / p for w, p, _ in sides),
+                                "polling_ratio": statistics.median(p / wo for _, p, wo in sides),
                                 "rings_per_s": statistics.median(rings[c]),
                                 "looks_per_s": statistics.median(looks[c])}
-                       for c, pairs in contention.items()},
+                       for c, sides in contention.items()},
         "rounds": args.rounds,
         "wake_p50_ms": pct(wake, 0.5), "wake_p99_ms": pct(wake, 0.99), "wake_n": len(wake),
         "wake_after_commit_p50_ms": pct(wake_after_commit, 0.5),
@@ -301,9 +323,11 @@ def main() -> None:
     print(f"  sequential step checkpoint:              {summary['step_ms']:.3f} ms = "
           f"{summary['step_ratio']:.2f}x (target <= 1.3x)")
     for c, figures in summary["contention"].items():
-        print(f"  enqueue in app transactions, {c:>2} clients: {figures['with_tps']:.0f} vs "
-              f"{figures['without_tps']:.0f} tps without wake-ups = {figures['ratio']:.2f}x (target >= 0.95x; "
-              f"{figures['rings_per_s']:.0f} wake-ups and {figures['looks_per_s']:.0f} looks a second)")
+        print(f"  enqueue in app transactions, {c:>2} clients: {figures['with_tps']:.0f} tps with wake-ups vs "
+              f"{figures['without_tps']:.0f} with no worker = {figures['ratio']:.2f}x (target >= 0.95x; "
+              f"{figures['rings_per_s']:.0f} wake-ups and {figures['looks_per_s']:.0f} looks a second); vs "
+              f"{figures['polling_tps']:.0f} beside a worker polling without a bell = "
+              f"{figures['ratio_to_polling']:.2f}x (that worker ÷ no worker: {figures['polling_ratio']:.2f}x)")
     print(f"  SQL enqueue -> result, step-less workflow, 1 per 20 ms ({len(wake)}x): p50 "
           f"{summary['wake_p50_ms']:.2f} ms, p99 {summary['wake_p99_ms']:.2f} ms (target p50 <= 5 ms); from the "
           f"COMMIT's return, p50 {summary['wake_after_commit_p50_ms']:.2f} ms")
