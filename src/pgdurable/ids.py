@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 _RANDOM_74 = (1 << 74) - 1
 
@@ -23,4 +22,7 @@ def new_execution_id() -> str:
     millis = time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF
     rand = int.from_bytes(os.urandom(10), "big") & _RANDOM_74
     rand_a, rand_b = rand >> 62, rand & ((1 << 62) - 1)
-    return str(uuid.UUID(int=millis << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b))
+    # Formatted by hand: uuid.UUID(int=...) checks and converts again what is built right here (a third of
+    # the function's time).
+    h = f"{millis << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -165,9 +165,20 @@ class Signature:
             elif param.kind is inspect.Parameter.VAR_KEYWORD:
                 hint = dict[str, hint]  # type: ignore[valid-type]
             self.param_hints[name] = hint
+        # Whether any parameter is annotated with something narrower than Any.
+        self.typed = any(hint is not Any for hint in self.param_hints.values())
+        # The parameters' names when each can be given by position and none collects the rest: then a call
+        # that gives every one by position binds without inspect (the common enqueue, at a fifth of the cost).
+        plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = self.signature.parameters.values()
+        self._positional: tuple[str, ...] | None = (
+            tuple(p.name for p in params) if all(p.kind in plain for p in params) else None)
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Arguments by parameter name; raises TypeError at once if they do not fit the signature."""
+        names = self._positional
+        if names is not None and not kwargs and len(args) == len(names):
+            return dict(zip(names, args, strict=True))
         bound = self.signature.bind(*args, **kwargs)
         return dict(bound.arguments)
 
@@ -192,11 +203,6 @@ class Signature:
             adapter = TypeAdapter(self._input_type)
             self.__dict__["_input_adapter_cache"] = adapter
         return adapter
-
-    @property
-    def typed(self) -> bool:
-        """Whether any parameter is annotated with something narrower than Any."""
-        return any(hint is not Any for hint in self.param_hints.values())
 
     def input_errors(self, text: str) -> list[Any]:
         """What is wrong with stored input ``text`` for these parameters, in strict mode (pydantic's error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -293,6 +294,33 @@ def test_signature_bind_refuses_what_does_not_fit() -> None:
         sig.bind((1, 2, 3, 4), {})
     with pytest.raises(TypeError):
         sig.bind((1,), {"nope": 1})
+
+
+def positional_only(a: int, b: int = 2, /) -> None:
+    pass
+
+
+def plain(a: int, b: int) -> None:
+    pass
+
+
+@pytest.mark.parametrize("fn", [defaults, positional_only, plain, typed])
+@pytest.mark.parametrize(("args", "kwargs"), [
+    ((), {}), ((1,), {}), ((1, 2), {}), ((1, 2, 3), {}), ((1, 2, 3, 4), {}), ((1,), {"b": 5}), ((), {"a": 1}),
+    ((1, 2), {"a": 1}), ((1, 2), {"nope": 1}),
+])
+def test_signature_bind_gives_what_inspect_gives(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Every parameter given by position binds without inspect (a fast path): the same names and values, and
+    the same TypeError for what does not fit, as inspect.Signature.bind."""
+    try:
+        expected: dict[str, Any] | None = dict(inspect.signature(fn).bind(*args, **kwargs).arguments)
+    except TypeError:
+        expected = None
+    if expected is None:
+        with pytest.raises(TypeError):
+            Signature(fn).bind(args, kwargs)
+    else:
+        assert Signature(fn).bind(args, kwargs) == expected
 
 
 @pytest.mark.parametrize(("text", "match"), [
