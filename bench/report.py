@@ -208,6 +208,20 @@ def build(ours: dict[str, Any], anchors: Anchors | None, c1: tuple[float | None,
                                "bell (the wake-ups alone)", f"{figures['ratio_to_polling']:.2f}x", "—",
                                f"{figures['with_tps']:.0f} vs {figures['polling_tps']:.0f} tps", "—"))
 
+    # Wake-ups beside a live worker, by enqueue rate (rings.py).
+    def by_rate(run: str) -> tuple[float, int]:
+        clients, rate = run.split("@")
+        return (float("inf") if rate == "max" else float(rate), int(clients))
+
+    for run, figures in sorted((get("rings") or {}).items(), key=lambda item: by_rate(item[0])):
+        clients, rate = run.split("@")
+        who = f"pgbench, {clients} client{'s' if clients != '1' else ''}"
+        where = (f"{who} at {rate}/s" if rate != "max" else f"{who} unthrottled ({figures['tps']:,.0f}/s)"
+                 ) + ", into a queue one worker serves"
+        t.rows.append((f"wake-ups: NOTIFYs per enqueue, {where}; enqueue->claim p50 / p90",
+                       f"{figures['notifies_per_enqueue']:.3f}; {figures['claim_p50_ms']:.2f} / "
+                       f"{figures['claim_p90_ms']:.2f} ms", "—", "—", "—"))
+
     # Latency.
     dbos_rt = anchors.dbos_round_trip_p50 if anchors else None
     t.add("C enqueue->result round trip p50, one-step workflow, closed loop", get("C.roundtrip_p50_ms"), "ms",

@@ -4,6 +4,7 @@ NOTIFYs the doorbells send. For each run: tps, pgbench's transaction latency, NO
 enqueue->claim p50/p90/p99 from the rows' own timestamps (created_at -> started_at, the database's clock).
 
 Usage: .venv/bin/python bench/rings.py [CLIENTS@RATE ...] [--seconds T] [--concurrency C] [--url URL]
+       [--results FILE]
        (RATE: transactions a second over all clients, or max; default 1@50 8@100 8@300 32@600 8@1000 8@max)
 env PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench).
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.throughput import JOBS_QUEUE, WorkerProcess, build, connect, drop_schema, ensure_database
+from bench.throughput import JOBS_QUEUE, Results, WorkerProcess, build, connect, drop_schema, ensure_database
 from pgdurable import channels
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/pgdurable_bench"
@@ -67,7 +68,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=64, help="the worker's slots")
     parser.add_argument("--url", default=os.environ.get("PGDURABLE_BENCH_URL", DEFAULT_URL))
+    parser.add_argument("--results")
     args = parser.parse_args()
+    results = Results(args.results)
+    figures: dict[str, dict[str, float]] = {}
     ensure_database(args.url)
     schema = f"bench_{secrets.token_hex(4)}"
     bench = build(args.url, schema)
@@ -99,6 +103,8 @@ def main() -> None:
                         " FROM workflow_executions WHERE started_at IS NOT NULL AND created_at >= %s",
                         (started,)).fetchone()[0]  # type: ignore[index]
                 sent = notifies.count - before
+                figures[run] = {"tps": tps, "notifies_per_enqueue": sent / (tps * args.seconds),
+                                "claim_p50_ms": p50, "claim_p90_ms": p90, "claim_p99_ms": p99}
                 print(f"{clients:>3} clients at {rate:>5}/s: {tps:6.0f} tps, latency avg {latency} ms, {sent} NOTIFYs"
                       f" = {sent / (tps * args.seconds):.3f} per enqueue; enqueue->claim p50 {p50:.2f}"
                       f" p90 {p90:.2f} p99 {p99:.2f} ms", flush=True)
@@ -107,6 +113,8 @@ def main() -> None:
         worker.stop()
         bench.app.close()
         drop_schema(args.url, schema)
+    results["rings"] = figures
+    results.save()
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ if [ "$small" = 1 ]; then
   scale_args=(-n 500 --workers 1,2 --concurrencies 10,1000 --history 10000 --claim-jobs 1000 --explains 5)
   memory_args=(-n 10000 --chunk 2000 --every 2000)
   costs_args=(--rounds 1 --seconds 1 --calls 200 --steps 100 --clients 8)
+  rings_args=(--seconds 1 8@300 8@max)
   bloat_args=(--rounds 3 --jobs 300 --keep-seconds 1)
 else
   seconds=${PGBENCH_SECONDS:-10}
@@ -56,6 +57,7 @@ else
   scale_args=()
   memory_args=()
   costs_args=()
+  rings_args=()
   bloat_args=()
 fi
 
@@ -110,6 +112,7 @@ step throughput "$py" bench/throughput.py "$N" -c 64 --parts ABCEFL "${throughpu
 step jobs "$py" bench/throughput.py "$N" -c 256 --kind async --parts D "${throughput_args[@]}" --results "$results"
 step throughput-threads "$py" bench/throughput.py "$N" -c 64 --parts A --enqueue-threads 4 --results "$results"
 step costs "$py" bench/costs.py "${costs_args[@]}" --results "$results"
+step rings "$py" bench/rings.py "${rings_args[@]}" --results "$results"
 step scale "$py" bench/scale.py "${scale_args[@]}" --results "$results"
 step memory "$py" bench/memory.py "${memory_args[@]}" --results "$results"
 # Autovacuum on for its run if the server has it off (this machine's CI configuration does), then restored;
