@@ -269,11 +269,16 @@ def main() -> None:
                 sides = SIDES[round_ % 3:] + SIDES[:round_ % 3]
                 tps: dict[str, float] = {}
                 for side in sides:
-                    sleeper = SleepingWorker(args.url, schema, IDLE_QUEUE, bell=side == "with")
-                    with no_bells(args.url, schema) if side != "with" else contextlib.nullcontext(), \
-                            sleeper if side != "without" else contextlib.nullcontext():
+                    # Made only for the sides that use it: "with" (its bell) and "polling" (no bell).
+                    sleeper = SleepingWorker(args.url, schema, IDLE_QUEUE, bell=side == "with") \
+                        if side != "without" else None
+                    with contextlib.ExitStack() as using:
+                        if side != "with":
+                            using.enter_context(no_bells(args.url, schema))
+                        if sleeper is not None:
+                            using.enter_context(sleeper)
                         tps[side] = pgbench(args.url, enqueue_sql, c, args.seconds)
-                    if side == "with":
+                    if side == "with" and sleeper is not None:
                         rings[c].append(sleeper.rings / args.seconds)
                         looks[c].append(sleeper.looks / args.seconds)
                 contention[c].append((tps["with"], tps["polling"], tps["without"]))
