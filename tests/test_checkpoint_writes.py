@@ -99,3 +99,38 @@ def test_the_same_outcome_as_the_two_statements(db: psycopg.Connection[Any]) -> 
     for x, y in zip(a, b, strict=True):
         assert steps_of(db, x.id) == steps_of(db, y.id)
         assert status_of(db, x.id) == status_of(db, y.id)
+
+
+def test_one_step_alone_is_written_and_fenced_as_write_steps_writes_it(db: psycopg.Connection[Any]) -> None:
+    """write_step (a batch of one step, from scalar parameters) against write_steps with the same row, for an
+    owner, a replaced attempt, an expired lease, a finished execution, a step already recorded, an output
+    with an error, and an output that is JSON null: the same rows written and the same keys returned."""
+    cases = claimed(db, 6)
+    twins = claimed(db, 6)
+    for group in (cases, twins):
+        db.execute("UPDATE workflow_executions SET attempt = attempt + 1 WHERE id = %s", (group[1].id,))
+        db.execute("UPDATE workflow_executions SET lease_expires = now() - interval '1 second' WHERE id = %s",
+                   (group[2].id,))
+        db.execute("UPDATE workflow_executions SET status = 'succeeded', owner_id = NULL, lease_expires = NULL"
+                   " WHERE id = %s", (group[3].id,))
+    started = datetime(2026, 1, 1, tzinfo=UTC)
+    # (claimed index, step id, output, error): each written twice, the second time finding the first.
+    rows = [(0, 0, '{"v": 0}', None), (1, 0, '{"v": 0}', None), (2, 0, '{"v": 0}', None), (3, 0, '{"v": 0}', None),
+            (4, 0, '{"v": 0}', '{"type": "E", "message": "m"}'), (5, 0, None, None), (0, 0, '{"v": 9}', None)]
+    for index, step_id, output, error in rows:
+        one, twin = cases[index], twins[index]
+        alone = store.run(db, store.checkpoints.write_step(one.id, one.attempt, step_id, "s", 2, started, output,
+                                                            error))
+        as_array = [twin.id, twin.attempt, step_id, "s", 2, started.isoformat(),
+                    json.loads(output or "null"), None if error is None else json.loads(error)]
+        batched = store.run(db, store.checkpoints.write_steps(json.dumps([as_array])))
+        assert {(i.replace(one.id, "x"), a, s) for i, a, s in alone} == {
+            (i.replace(twin.id, "x"), a, s) for i, a, s in batched}
+    for one, twin in zip(cases, twins, strict=True):
+        columns = ("SELECT step_id, step_name, output, error, attempts, recorded_by_attempt, started_at"
+                   " FROM operation_outputs WHERE execution_id = %s ORDER BY step_id")
+        assert db.execute(columns, (one.id,)).fetchall() == db.execute(columns, (twin.id,)).fetchall()
+    assert [len(steps_of(db, c.id)) for c in cases] == [1, 0, 0, 0, 1, 1]
+    assert steps_of(db, cases[0].id) == [(0, {"v": 0}, cases[0].attempt)]  # the first record stays
+    assert db.execute("SELECT output, error->>'type' FROM operation_outputs WHERE execution_id = %s",
+                      (cases[4].id,)).fetchone() == (None, "E")  # an error keeps no output

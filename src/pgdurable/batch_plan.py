@@ -342,6 +342,10 @@ class _Plan:
 def _write_calls(writes: Sequence[tuple[Item, Waiter]], citus: bool
                  ) -> list[store.Call[set[store.checkpoints.WriteKey]]]:
     """The statements that write ``writes``: one, or on Citus one per kind (run in one transaction)."""
+    if len(writes) == 1 and isinstance(writes[0][0], StepWrite) and not citus:
+        w = writes[0][0]  # one step alone (steps in sequence): scalar parameters, no JSON array to take apart
+        return [store.checkpoints.write_step(w.execution_id, w.attempt, w.step_id, w.step_name, w.tries,
+                                             w.started_at, w.output, w.error)]
     steps = [_step_row(item) for item, _ in writes if isinstance(item, StepWrite)]
     done = [_completion_row(item) for item, _ in writes if isinstance(item, Completion)]
     bells = json.dumps(list(dict.fromkeys(item.bell for item, _ in writes

@@ -31,7 +31,7 @@ class AsyncFakeCursor(FakeCursor):
 
 
 class FakeDatabase:
-    """What write_steps / write_completions / write_checkpoints / heartbeat do, in memory.
+    """What write_step(s) / write_completions / write_checkpoints / heartbeat do, in memory.
 
     ``owned``: the (execution_id, attempt) pairs whose writer still holds the lease; writes of other attempts
     are fenced (no row returned). ``refuse``: a predicate on a row (the decoded JSON array) that makes the
@@ -62,6 +62,12 @@ class FakeDatabase:
         params = dict(params or {})
         if "steps" in params:  # write_checkpoints: both kinds in one statement
             params["rows"] = json.dumps(json.loads(params.pop("steps")) + json.loads(params.pop("completions")))
+        if "step_id" in params:  # write_step: the row write_steps would read, from scalar parameters
+            error = params["error"]
+            params = {"rows": json.dumps([[
+                params["execution_id"], params["attempt"], params["step_id"], params["step_name"],
+                params["tries"], params["started_at"].isoformat(), json.loads(params["output"]),
+                None if error is None else json.loads(error)]])}
         if "rows" in params:
             rows = json.loads(params["rows"])
             self.statements.append(rows)

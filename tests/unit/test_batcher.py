@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from pgdurable import batcher, store
+from pgdurable import batch_plan, batcher, store
 from pgdurable.batcher import Completion, Statement, StepWrite, ThreadWaiter, WriteBatcher, _Plan
 from pgdurable.errors import LeaseLost, SerializationError
 
@@ -93,6 +93,22 @@ def test_outputs_are_spliced_as_json() -> None:
     run_plan(db, [step("e1", 1, 0, output='{"a": [1, "x"]}'), step("e1", 1, 1, output=None, error='{"type": "E"}')])
     assert db.steps[("e1", 0)][6:] == ({"a": [1, "x"]}, None)
     assert db.steps[("e1", 1)][6:] == (None, {"type": "E"})
+
+
+def test_a_step_alone_is_written_from_scalar_parameters() -> None:
+    """One step and nothing else (steps in sequence) goes to write_step; more writes, or a Citus schema, to the
+    array statements."""
+    def names(items: list[Any], citus: bool = False) -> list[str]:
+        return [call.name for call in batch_plan._write_calls([(i, ThreadWaiter()) for i in items], citus)]
+
+    assert names([step("e1", 1, 0)]) == ["write_step"]
+    assert names([step("e1", 1, 0)], citus=True) == ["write_steps"]
+    assert names([step("e1", 1, 0), step("e2", 1, 0)]) == ["write_steps"]
+    assert names([step("e1", 1, 0), done("e1", 1)]) == ["write_checkpoints"]
+    assert names([done("e1", 1)]) == ["write_completions"]
+    db = FakeDatabase(owned={("e1", 1)})
+    assert results(run_plan(db, [step("e1", 1, 0, output=None, error='{"type": "E"}')])) == [True]
+    assert db.steps[("e1", 0)][6:] == (None, {"type": "E"})
 
 
 # ---- refused for its data: split into single writes --------------------------------------------------------

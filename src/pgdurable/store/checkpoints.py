@@ -57,6 +57,14 @@ def write_steps(rows: str) -> Call[set[WriteKey]]:
     return Call("write_steps", {"rows": rows}, _written)
 
 
+def write_step(execution_id: str, attempt: int, step_id: int, step_name: str, tries: int, started_at: datetime,
+               output: str | None, error: str | None) -> Call[set[WriteKey]]:
+    """``write_steps`` of one step (single node), from scalar parameters; ``output``, ``error``: JSON texts."""
+    return Call("write_step", {"execution_id": execution_id, "attempt": attempt, "step_id": step_id,
+                               "step_name": step_name, "tries": tries, "started_at": started_at,
+                               "output": output or "null", "error": error}, _written)
+
+
 def write_completions(rows: str, bells: str = "[]") -> Call[set[WriteKey]]:
     """Completions as one JSON array; returns (execution_id, attempt, None) of the executions finished.
     ``bells``: a JSON array of [worker_id, queue], the doorbells to arm in the same statement (single node)."""

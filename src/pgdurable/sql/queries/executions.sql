@@ -84,19 +84,17 @@ WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM inserted);
 -- the claim stamps our version (and returns the one it had), and the first claim fixes the deadline of an
 -- execution with a timeout.
 -- Availability, deadlines, the times stamped and the time returned (the start of durable timers) are
--- durable time, clock_now() (read once, in the CTE clock); the lease and worker liveness are not.
+-- durable time, clock_now() (one value in a statement); the lease and worker liveness are not.
 -- With %(arm)s, a claim that finds nothing (the queue ran dry) also arms this worker's doorbell for the
 -- queue (see arm_doorbell), in the same round trip and commit: the producer is about to sleep. A claim that
 -- finds work writes nothing more: its commit is on the path from enqueue to start.
-WITH clock AS MATERIALIZED (
-    SELECT clock_now() AS now
-), picked AS (
+WITH picked AS (
     SELECT id, app_version AS previous_version
     FROM workflow_executions
     WHERE status = 'enqueued'
       AND queue = %(queue)s
       AND name = ANY (%(names)s)
-      AND available_at <= (SELECT now FROM clock)
+      AND available_at <= clock_now()
       AND (app_version IS NULL OR app_version = %(version)s
            -- adoption: one hashed subplan per statement, over the few live workers (heartbeats are on now())
            OR (%(adopt)s::float8 IS NOT NULL
@@ -122,18 +120,18 @@ SET status = 'running',
     owner_id = %(owner)s,
     lease_expires = now() + make_interval(secs => %(lease)s),
     attempt = e.attempt + 1,
-    started_at = coalesce(e.started_at, clock.now),
-    updated_at = clock.now,
+    started_at = coalesce(e.started_at, clock_now()),
+    updated_at = clock_now(),
     app_version = %(version)s,
     wait_reason = NULL,
     deadline = CASE WHEN e.timeout_seconds IS NOT NULL AND (e.deadline IS NULL OR e.started_at IS NULL)
                     -- clamped (the table's CHECK holds it there too): no row can make the claim raise
                     THEN least(coalesce(e.deadline, 'infinity'),
-                               clock.now + make_interval(secs => least(e.timeout_seconds, 315360000)))
+                               clock_now() + make_interval(secs => least(e.timeout_seconds, 315360000)))
                     ELSE e.deadline END
-FROM picked, clock
+FROM picked
 WHERE e.id = picked.id
-RETURNING e.id, e.name, e.attempt, e.input, clock.now AS db_now,
+RETURNING e.id, e.name, e.attempt, e.input, clock_now() AS db_now,
           e.attempt > 1 OR e.forked_from IS NOT NULL AS has_history, picked.previous_version;
 
 -- name: claim_with_policy
@@ -161,41 +159,47 @@ ORDER BY execution_id, step_id;
 -- A worker's group commit of step checkpoints: many executions' steps in one statement, each written only
 -- while its writer still owns the execution's current attempt (fencing). FOR SHARE holds those execution
 -- rows until this commits, so a concurrent sweep or claim waits, and a new owner never loads the steps
--- without this batch's rows. The batch is one JSON array of
+-- without this batch's rows; the rows are locked in id order. The batch is one JSON array of
 -- [execution_id, attempt, step_id, step_name, tries, started_at, output, error] (one parameter that the
--- server parses is much cheaper to send than eight arrays). completed_at is durable time, read once.
-WITH clock AS MATERIALIZED (
-    SELECT clock_now() AS now
-), steps AS (
-    SELECT r ->> 0 AS execution_id, (r ->> 1)::int AS attempt, (r ->> 2)::int AS step_id,
-           r ->> 3 AS step_name, (r ->> 4)::int AS tries, (r ->> 5)::timestamptz AS started_at,
-           r -> 6 AS output, nullif(r -> 7, 'null') AS error
-    FROM jsonb_array_elements(%(rows)s::jsonb) AS r
-),
-owned AS (
-    SELECT s.*
-    FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
-    WHERE e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
-    ORDER BY e.id
-    FOR SHARE OF e
-)
-INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
-                               recorded_by_attempt, started_at, completed_at)
-SELECT execution_id, step_id, step_name, CASE WHEN error IS NULL THEN output END, error, tries, attempt,
-       started_at, clock.now
-FROM owned, clock
+-- server parses is much cheaper to send than eight arrays). completed_at is durable time. One INSERT ...
+-- SELECT with no CTE: the CTEs this statement had (durable time read once, the owned rows) cost a one-step
+-- batch about 20 us of server time to set up (docs/benchmarks.md, "Checkpoints without CTEs").
+INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts, recorded_by_attempt,
+                               started_at, completed_at)
+SELECT e.id, (r ->> 2)::int, r ->> 3, CASE WHEN nullif(r -> 7, 'null') IS NULL THEN r -> 6 END,
+       nullif(r -> 7, 'null'), (r ->> 4)::int, e.attempt, (r ->> 5)::timestamptz, clock_now()
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+JOIN workflow_executions e ON e.id = r ->> 0
+WHERE e.attempt = (r ->> 1)::int AND e.status = 'running' AND e.lease_expires > now()
+ORDER BY e.id
+FOR SHARE OF e
+ON CONFLICT (execution_id, step_id) DO NOTHING
+RETURNING execution_id, recorded_by_attempt, step_id;
+
+-- name: write_step
+-- write_steps for a batch of one step, the common case (a workflow's steps in sequence, each waiting for its
+-- checkpoint): the same fence and the same row, from scalar parameters. Without the JSON array and the join
+-- it needs, the statement costs about a quarter less server time (docs/benchmarks.md, "Checkpoints without
+-- CTEs"). %(output)s and %(error)s are JSON texts; an error means no output is kept, as in write_steps.
+INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts, recorded_by_attempt,
+                               started_at, completed_at)
+SELECT e.id, %(step_id)s::int, %(step_name)s::text,
+       CASE WHEN nullif(%(error)s::jsonb, 'null') IS NULL THEN %(output)s::jsonb END,
+       nullif(%(error)s::jsonb, 'null'), %(tries)s::int, e.attempt, %(started_at)s::timestamptz, clock_now()
+FROM workflow_executions e
+WHERE e.id = %(execution_id)s::text AND e.attempt = %(attempt)s::int AND e.status = 'running'
+  AND e.lease_expires > now()
+FOR SHARE OF e
 ON CONFLICT (execution_id, step_id) DO NOTHING
 RETURNING execution_id, recorded_by_attempt, step_id;
 
 -- name: write_completions
 -- A worker's group commit of finished executions, each only while its writer still owns the attempt.
 -- The batch is one JSON array of [execution_id, attempt, status, output, error]. completed_at is durable
--- time, read once. %(bells)s, a JSON array of [worker_id, queue]: the doorbells the worker arms as it
+-- time. %(bells)s, a JSON array of [worker_id, queue]: the doorbells the worker arms as it
 -- completes its last execution of a queue that ran dry (see arm_doorbell), in this statement, so that they
 -- are armed before anyone hears of the results.
-WITH clock AS MATERIALIZED (
-    SELECT clock_now() AS now
-), finished AS (
+WITH finished AS (
     SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
            r -> 3 AS output, nullif(r -> 4, 'null') AS error
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
@@ -213,8 +217,8 @@ WITH clock AS MATERIALIZED (
 )
 UPDATE workflow_executions e
 SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
-    owner_id = NULL, lease_expires = NULL, completed_at = clock.now, updated_at = clock.now, wait_reason = NULL
-FROM finished f, clock
+    owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
+FROM finished f
 WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
 RETURNING e.id, e.attempt, NULL::int;
 
@@ -223,9 +227,7 @@ RETURNING e.id, e.attempt, NULL::int;
 -- statements and COMMIT). The steps of an execution this statement completes are written only if the
 -- completion was (the UPDATE's row lock is the fence, as FOR SHARE is for the others); the other steps are
 -- fenced as write_steps fences them. Returns what both return.
-WITH clock AS MATERIALIZED (
-    SELECT clock_now() AS now
-), finished AS (
+WITH finished AS (
     SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
            r -> 3 AS output, nullif(r -> 4, 'null') AS error
     FROM jsonb_array_elements(%(completions)s::jsonb) AS r
@@ -243,8 +245,8 @@ WITH clock AS MATERIALIZED (
 ), done AS (
     UPDATE workflow_executions e
     SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
-        owner_id = NULL, lease_expires = NULL, completed_at = clock.now, updated_at = clock.now, wait_reason = NULL
-    FROM finished f, clock
+        owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
+    FROM finished f
     WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
     RETURNING e.id, e.attempt
 ), steps AS (
@@ -263,10 +265,10 @@ WITH clock AS MATERIALIZED (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
                                    recorded_by_attempt, started_at, completed_at)
     SELECT execution_id, step_id, step_name, CASE WHEN error IS NULL THEN output END, error, tries, attempt,
-           started_at, clock.now
+           started_at, clock_now()
     FROM (SELECT * FROM owned
           UNION ALL
-          SELECT s.* FROM steps s JOIN done d ON d.id = s.execution_id AND d.attempt = s.attempt) AS w, clock
+          SELECT s.* FROM steps s JOIN done d ON d.id = s.execution_id AND d.attempt = s.attempt) AS w
     ON CONFLICT (execution_id, step_id) DO NOTHING
     RETURNING execution_id, recorded_by_attempt, step_id
 )
