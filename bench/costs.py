@@ -221,7 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=4, help="each pgbench run")
-    parser.add_argument("--clients", default="8,32,64")
+    parser.add_argument("--clients", default="8,32,64", help="contention runs (\"\": none)")
     parser.add_argument("--calls", type=int, default=2000, help="app.enqueue calls per round")
     parser.add_argument("--steps", type=int, default=1000, help="steps of the checkpoint workflow per round")
     parser.add_argument("--wake-n", type=int, default=200, help="light-load SQL enqueue -> result samples")
@@ -263,10 +263,10 @@ def main() -> None:
             started = time.perf_counter()
             app.start(many_steps, args.steps).result()
             rows["step_ms"].append((time.perf_counter() - started) * 1000 / args.steps)
+            sides = SIDES[round_ % 3:] + SIDES[:round_ % 3]
             for c in clients:
                 # The sides take turns going first: whichever ran second came out 9-18% ahead (six rounds at
                 # 32 clients of the same statements on both sides).
-                sides = SIDES[round_ % 3:] + SIDES[:round_ % 3]
                 tps: dict[str, float] = {}
                 for side in sides:
                     # Made only for the sides that use it: "with" (its bell) and "polling" (no bell).
@@ -285,8 +285,8 @@ def main() -> None:
             floor_ms = rows["floor_ms"][-1]
             print(f"round {round_}: floor {floor_ms:.3f} ms; enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
-                  f"step {rows['step_ms'][-1] / floor_ms:.2f}x; contention ({sides[0]} first; with wake-ups ÷ no"
-                  " worker, ÷ a polling worker) " + ", ".join(
+                  f"step {rows['step_ms'][-1] / floor_ms:.2f}x" + (f"; contention ({sides[0]} first; with wake-ups"
+                  " ÷ no worker, ÷ a polling worker) " if clients else "") + ", ".join(
                       f"{c}: {contention[c][-1][0] / contention[c][-1][2]:.2f}, "
                       f"{contention[c][-1][0] / contention[c][-1][1]:.2f} ({rings[c][-1]:.0f} rings/s, "
                       f"{looks[c][-1]:.0f} looks/s)"
