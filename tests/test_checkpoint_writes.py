@@ -9,10 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from pgdurable import store
-from pgdurable.sqlfiles import query
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
 
@@ -136,28 +134,3 @@ def test_one_step_alone_is_written_and_fenced_as_write_steps_writes_it(db: psyco
     assert steps_of(db, cases[0].id) == [(0, {"v": 0}, cases[0].attempt)]  # the first record stays
     assert db.execute("SELECT output, error->>'type' FROM operation_outputs WHERE execution_id = %s",
                       (cases[4].id,)).fetchone() == (None, "E")  # an error keeps no output
-
-
-def test_batches_find_their_executions_by_primary_key_however_many_are_running(db: psycopg.Connection[Any]) -> None:
-    """The generic plans of the batch statements (what a worker's prepared statements settle on) look the
-    batch's executions up by primary key. PostgreSQL takes their JSON arrays for 100 rows, and with many
-    executions running it chose a hash join over all of them, by the lease index or a scan of the whole
-    table: every batch cost more the more executions were running (docs/benchmarks.md, "Batches by primary
-    key")."""
-    running = claimed(db, 2000)
-    db.execute("ANALYZE workflow_executions")
-    db.execute("SET plan_cache_mode = force_generic_plan")
-    steps = json.dumps([step_row(running[0], 0), step_row(running[1], 0)])
-    done = json.dumps([done_row(running[2])])
-    for name, params in (("write_steps", {"rows": steps}),
-                         ("write_completions", {"rows": done, "bells": "[]"}),
-                         ("write_checkpoints", {"steps": steps, "completions": done, "bells": "[]"})):
-        text = query(name)
-        for i, key in enumerate(params):
-            text = text.replace(f"%({key})s", f"${i + 1}")
-        db.execute(f"PREPARE {name} ({', '.join(['text'] * len(params))}) AS {text}")
-        explained = db.execute(sql.SQL("EXPLAIN (COSTS OFF) EXECUTE {} ({})").format(
-            sql.Identifier(name), sql.SQL(", ").join(map(sql.Literal, params.values())))).fetchall()
-        scans = [line for (line,) in explained if "Scan" in line and " on workflow_executions " in line]
-        assert scans and all("workflow_executions_pkey" in line for line in scans), (name, scans)
-        db.execute(f"DEALLOCATE {name}")

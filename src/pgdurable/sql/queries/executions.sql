@@ -164,17 +164,13 @@ ORDER BY execution_id, step_id;
 -- server parses is much cheaper to send than eight arrays). completed_at is durable time. One INSERT ...
 -- SELECT with no CTE: the CTEs this statement had (durable time read once, the owned rows) cost a one-step
 -- batch about 20 us of server time to set up (docs/benchmarks.md, "Checkpoints without CTEs").
--- The batch's rows are looked up by primary key (= ANY of their ids): PostgreSQL takes a JSON array for 100
--- rows, and with the running executions few in its statistics it chose a hash join over all of them (the
--- lease index, or the whole table), so every batch cost more the more executions were running.
 INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts, recorded_by_attempt,
                                started_at, completed_at)
 SELECT e.id, (r ->> 2)::int, r ->> 3, CASE WHEN nullif(r -> 7, 'null') IS NULL THEN r -> 6 END,
        nullif(r -> 7, 'null'), (r ->> 4)::int, e.attempt, (r ->> 5)::timestamptz, clock_now()
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 JOIN workflow_executions e ON e.id = r ->> 0
-WHERE e.id = ANY (ARRAY(SELECT b ->> 0 FROM jsonb_array_elements(%(rows)s::jsonb) AS b))  -- see below
-  AND e.attempt = (r ->> 1)::int AND e.status = 'running' AND e.lease_expires > now()
+WHERE e.attempt = (r ->> 1)::int AND e.status = 'running' AND e.lease_expires > now()
 ORDER BY e.id
 FOR SHARE OF e
 ON CONFLICT (execution_id, step_id) DO NOTHING
@@ -223,8 +219,7 @@ UPDATE workflow_executions e
 SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
     owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
 FROM finished f
-WHERE e.id = f.id AND e.id = ANY (ARRAY(SELECT id FROM finished))  -- by primary key: see write_steps
-  AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
 RETURNING e.id, e.attempt, NULL::int;
 
 -- name: write_checkpoints
@@ -252,8 +247,7 @@ WITH finished AS (
     SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
         owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
     FROM finished f
-    WHERE e.id = f.id AND e.id = ANY (ARRAY(SELECT id FROM finished))  -- by primary key: see write_steps
-      AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
     RETURNING e.id, e.attempt
 ), steps AS (
     SELECT r ->> 0 AS execution_id, (r ->> 1)::int AS attempt, (r ->> 2)::int AS step_id,
@@ -263,8 +257,7 @@ WITH finished AS (
 ), owned AS (
     SELECT s.*
     FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
-    WHERE e.id = ANY (ARRAY(SELECT execution_id FROM steps))  -- by primary key: see write_steps
-      AND e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
+    WHERE e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
       AND NOT EXISTS (SELECT FROM finished f WHERE f.id = s.execution_id AND f.attempt = s.attempt)
     ORDER BY e.id
     FOR SHARE OF e
