@@ -5,6 +5,9 @@ a noisy machine moves both (the medians over rounds are reported):
 
   enqueue       app.enqueue one at a time (one client, a queue no worker serves), ms per call, against
                 pgbench's one-row INSERT commit at one client (``ck``: id, uuid, step, jsonb; the floor).
+  driver        the floor's INSERT sent from this process by psycopg (prepared, autocommit, one cursor), ms
+                per call: what any Python client pays before an engine does anything. Enqueue and
+                checkpoint are also given as ratios to it (a Python engine's share of the cost).
   sql_enqueue   SELECT enqueue_workflow(...) from pgbench at one client, against the same floor.
   checkpoint    a workflow of S sequential steps run in this process (app.start), ms per step, against the
                 same floor.
@@ -247,7 +250,8 @@ def main() -> None:
                         f"SELECT {qualified}.enqueue_workflow('job', '{{\"i\": 1}}', '{IDLE_QUEUE}');\n")
     job = bench.flows["sync"]["job"]
     many_steps = bench.flows["sync"]["many"]
-    rows: dict[str, list[float]] = {"floor_ms": [], "enqueue_ms": [], "sql_enqueue_ms": [], "step_ms": []}
+    rows: dict[str, list[float]] = {"floor_ms": [], "driver_ms": [], "enqueue_ms": [], "sql_enqueue_ms": [],
+                                    "step_ms": []}
     contention: dict[int, list[tuple[float, float, float]]] = {c: [] for c in clients}  # tps of each of SIDES
     rings: dict[int, list[float]] = {c: [] for c in clients}  # wake-ups a second on the "with" side
     looks: dict[int, list[float]] = {c: [] for c in clients}  # and the sleeper's claims (looks) a second
@@ -255,6 +259,7 @@ def main() -> None:
         app.enqueue(job, 0)  # warm the pool
         for round_ in range(1, args.rounds + 1):
             rows["floor_ms"].append(1000 / pgbench(args.url, floor, 1, args.seconds))
+            rows["driver_ms"].append(driver_floor(args.url, args.calls))
             started = time.perf_counter()
             for i in range(args.calls):
                 app.enqueue(job, i, queue=IDLE_QUEUE)
@@ -283,7 +288,8 @@ def main() -> None:
                         looks[c].append(sleeper.looks / args.seconds)
                 contention[c].append((tps["with"], tps["polling"], tps["without"]))
             floor_ms = rows["floor_ms"][-1]
-            print(f"round {round_}: floor {floor_ms:.3f} ms; enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
+            print(f"round {round_}: floor {floor_ms:.3f} ms; from psycopg {rows['driver_ms'][-1] / floor_ms:.2f}x; "
+                  f"enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"step {rows['step_ms'][-1] / floor_ms:.2f}x" + (f"; contention ({sides[0]} first; with wake-ups"
                   " ÷ no worker, ÷ a polling worker) " if clients else "") + ", ".join(
@@ -298,11 +304,13 @@ def main() -> None:
         with psycopg.connect(args.url, autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS pgdurable_costs_floor")
 
-    def ratio(name: str) -> float:
-        return statistics.median(a / b for a, b in zip(rows[name], rows["floor_ms"], strict=True))
+    def ratio(name: str, to: str = "floor_ms") -> float:
+        return statistics.median(a / b for a, b in zip(rows[name], rows[to], strict=True))
 
     summary: dict[str, Any] = {
         "floor_ms": statistics.median(rows["floor_ms"]),
+        "driver_ms": statistics.median(rows["driver_ms"]), "driver_ratio": ratio("driver_ms"),
+        "enqueue_to_driver": ratio("enqueue_ms", "driver_ms"), "step_to_driver": ratio("step_ms", "driver_ms"),
         "enqueue_ms": statistics.median(rows["enqueue_ms"]), "enqueue_ratio": ratio("enqueue_ms"),
         "sql_enqueue_ms": statistics.median(rows["sql_enqueue_ms"]), "sql_enqueue_ratio": ratio("sql_enqueue_ms"),
         "step_ms": statistics.median(rows["step_ms"]), "step_ratio": ratio("step_ms"),
@@ -321,12 +329,13 @@ def main() -> None:
     }
     print(f"\nmedians over {args.rounds} rounds (ratios are per round, to the pgbench one-row commit of that round):")
     print(f"  pgbench one-row INSERT commit, 1 client: {summary['floor_ms']:.3f} ms")
+    print(f"  the same INSERT from psycopg (prepared): {summary['driver_ms']:.3f} ms = {summary['driver_ratio']:.2f}x")
     print(f"  app.enqueue, one at a time:              {summary['enqueue_ms']:.3f} ms = "
-          f"{summary['enqueue_ratio']:.2f}x (target <= 1.5x)")
+          f"{summary['enqueue_ratio']:.2f}x (target <= 1.5x); {summary['enqueue_to_driver']:.2f}x the psycopg INSERT")
     print(f"  SELECT enqueue_workflow(), 1 client:     {summary['sql_enqueue_ms']:.3f} ms = "
           f"{summary['sql_enqueue_ratio']:.2f}x")
     print(f"  sequential step checkpoint:              {summary['step_ms']:.3f} ms = "
-          f"{summary['step_ratio']:.2f}x (target <= 1.3x)")
+          f"{summary['step_ratio']:.2f}x (target <= 1.3x); {summary['step_to_driver']:.2f}x the psycopg INSERT")
     for c, figures in summary["contention"].items():
         print(f"  enqueue in app transactions, {c:>2} clients: {figures['with_tps']:.0f} tps with wake-ups vs "
               f"{figures['without_tps']:.0f} with no worker = {figures['ratio']:.2f}x (target >= 0.95x; "
@@ -339,6 +348,17 @@ def main() -> None:
     results["costs"] = summary
     results.save()
     print(json.dumps(summary))
+
+
+def driver_floor(url: str, calls: int) -> float:
+    """The floor's INSERT from this process: psycopg, prepared, autocommit, one cursor; ms per call."""
+    insert = "INSERT INTO pgdurable_costs_floor (wf, step, out) VALUES (gen_random_uuid(), 1, '{\"a\": 1}')"
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn, conn.cursor() as cursor:
+        cursor.execute(insert)  # prepared by this first call
+        started = time.perf_counter()
+        for _ in range(calls):
+            cursor.execute(insert)
+        return (time.perf_counter() - started) * 1000 / calls
 
 
 if __name__ == "__main__":

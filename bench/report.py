@@ -191,12 +191,18 @@ def build(ours: dict[str, Any], anchors: Anchors | None, c1: tuple[float | None,
     if get("costs") is not None:
         costs = ours["costs"]
         floor = f"pgbench one-row INSERT commit, 1 client: {costs['floor_ms']:.3f} ms"
+        if "driver_ms" in costs:  # since 2026-12-05
+            t.rows.append(("cost: the same one-row INSERT commit from Python (psycopg, prepared), ms (÷ pgbench)",
+                           f"{costs['driver_ms']:.3f} ms ({costs['driver_ratio']:.2f}x)", "reference", floor, "—"))
         for key, label, limit in (("enqueue", "app.enqueue, one at a time", 1.5),
                                   ("sql_enqueue", "SELECT enqueue_workflow(), 1 client", None),
                                   ("step", "sequential step checkpoint (app.start)", 1.3)):
             ratio = costs[f"{key}_ratio"]
-            t.rows.append((f"cost: {label}, ms (÷ pgbench commit of the same round)",
-                           f"{costs[f'{key}_ms']:.3f} ms ({ratio:.2f}x)",
+            to_driver = costs.get(f"{key}_to_driver")
+            driver = f"; {to_driver:.2f}x)" if to_driver else ")"
+            t.rows.append((f"cost: {label}, ms (÷ pgbench commit of the same round"
+                           + ("; ÷ the psycopg INSERT)" if to_driver else ")"),
+                           f"{costs[f'{key}_ms']:.3f} ms ({ratio:.2f}x{driver}",
                            f"≤ {limit}x" + (" ✓" if ratio <= limit else " ✗") if limit else "—", floor, "—"))
         for clients, figures in costs["contention"].items():
             t.rows.append((f"cost: enqueue inside application transactions, {clients} clients, tps with the "
