@@ -5,12 +5,14 @@ do when they run one after the other."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from pgdurable import store
+from pgdurable.sqlfiles import query
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
 
@@ -134,3 +136,37 @@ def test_one_step_alone_is_written_and_fenced_as_write_steps_writes_it(db: psyco
     assert steps_of(db, cases[0].id) == [(0, {"v": 0}, cases[0].attempt)]  # the first record stays
     assert db.execute("SELECT output, error->>'type' FROM operation_outputs WHERE execution_id = %s",
                       (cases[4].id,)).fetchone() == (None, "E")  # an error keeps no output
+
+
+def test_a_write_fenced_on_one_execution_finds_it_by_primary_key_however_many_run(
+        db: psycopg.Connection[Any]) -> None:
+    """write_step and the waits' statements look their execution up by primary key in the generic plans a
+    worker's prepared statements settle on. Their lease test once was an index condition, which PostgreSQL,
+    its statistics of lease_expires always stale, took for a handful of rows: it read every running
+    execution through the lease index (docs/benchmarks.md, "Batches beside many running executions")."""
+    running = claimed(db, 1500)
+    # Statistics as a live worker leaves them: analyzed, then every lease renewed past what they show.
+    db.execute("UPDATE workflow_executions SET lease_expires = now() - interval '1 minute'")
+    db.execute("ANALYZE workflow_executions")
+    db.execute("UPDATE workflow_executions SET lease_expires = now() + interval '1 hour'")
+    target = running[0]
+    fenced = {"write_step": {"execution_id": target.id, "attempt": target.attempt, "step_id": 0, "step_name": "s0",
+                             "tries": 1, "started_at": T0, "output": "1", "error": None},
+              "suspend": {"reason": "delay", "wake_at": T0, "id": target.id, "attempt": target.attempt,
+                          "wakeups": None}}
+    for name, params in fenced.items():
+        text = query(name)
+        order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
+        assert set(order) == set(params), name
+        for i, key in enumerate(order):
+            text = text.replace(f"%({key})s", f"${i + 1}")
+        with db.transaction(force_rollback=True):
+            db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            db.execute(f"PREPARE fenced AS {text}")  # (the parameters' types from the statement)
+            with psycopg.ClientCursor(db) as cursor:
+                plan = [line for (line,) in cursor.execute(
+                    f"EXPLAIN (COSTS OFF) EXECUTE fenced ({', '.join(['%s'] * len(order))})",
+                    [params[key] for key in order])]
+            db.execute("DEALLOCATE fenced")
+        scans = [line for line in plan if "Scan" in line and " on workflow_executions" in line]
+        assert scans and all("workflow_executions_pkey" in line for line in scans), (name, plan)

@@ -164,13 +164,20 @@ ORDER BY execution_id, step_id;
 -- server parses is much cheaper to send than eight arrays). completed_at is durable time. One INSERT ...
 -- SELECT with no CTE: the CTEs this statement had (durable time read once, the owned rows) cost a one-step
 -- batch about 20 us of server time to set up (docs/benchmarks.md, "Checkpoints without CTEs").
+-- The lease test is written `(... > now()) IS TRUE`, here and in every statement fenced by it, so that it is
+-- not an index condition. The statistics of lease_expires are always stale (leases move forward with time,
+-- and PostgreSQL reads an index for a column's actual range only if the index has no predicate), so it took
+-- "lease_expires > now()" for a handful of rows: a statement fenced on one execution (write_step, the waits)
+-- read every running execution through the lease index instead of its primary key. The batch statements
+-- still hash-join the running executions, read whole, which suits a large batch; a small one beside
+-- thousands of running executions pays for it (docs/benchmarks.md, "Batches beside many running executions").
 INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts, recorded_by_attempt,
                                started_at, completed_at)
 SELECT e.id, (r ->> 2)::int, r ->> 3, CASE WHEN nullif(r -> 7, 'null') IS NULL THEN r -> 6 END,
        nullif(r -> 7, 'null'), (r ->> 4)::int, e.attempt, (r ->> 5)::timestamptz, clock_now()
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 JOIN workflow_executions e ON e.id = r ->> 0
-WHERE e.attempt = (r ->> 1)::int AND e.status = 'running' AND e.lease_expires > now()
+WHERE e.attempt = (r ->> 1)::int AND e.status = 'running' AND (e.lease_expires > now()) IS TRUE
 ORDER BY e.id
 FOR SHARE OF e
 ON CONFLICT (execution_id, step_id) DO NOTHING
@@ -188,7 +195,7 @@ SELECT e.id, %(step_id)s::int, %(step_name)s::text,
        nullif(%(error)s::jsonb, 'null'), %(tries)s::int, e.attempt, %(started_at)s::timestamptz, clock_now()
 FROM workflow_executions e
 WHERE e.id = %(execution_id)s::text AND e.attempt = %(attempt)s::int AND e.status = 'running'
-  AND e.lease_expires > now()
+  AND (e.lease_expires > now()) IS TRUE
 FOR SHARE OF e
 ON CONFLICT (execution_id, step_id) DO NOTHING
 RETURNING execution_id, recorded_by_attempt, step_id;
@@ -219,7 +226,7 @@ UPDATE workflow_executions e
 SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
     owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
 FROM finished f
-WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND (e.lease_expires > now()) IS TRUE
 RETURNING e.id, e.attempt, NULL::int;
 
 -- name: write_checkpoints
@@ -247,7 +254,7 @@ WITH finished AS (
     SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
         owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
     FROM finished f
-    WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND e.lease_expires > now()
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND (e.lease_expires > now()) IS TRUE
     RETURNING e.id, e.attempt
 ), steps AS (
     SELECT r ->> 0 AS execution_id, (r ->> 1)::int AS attempt, (r ->> 2)::int AS step_id,
@@ -257,7 +264,7 @@ WITH finished AS (
 ), owned AS (
     SELECT s.*
     FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
-    WHERE e.attempt = s.attempt AND e.status = 'running' AND e.lease_expires > now()
+    WHERE e.attempt = s.attempt AND e.status = 'running' AND (e.lease_expires > now()) IS TRUE
       AND NOT EXISTS (SELECT FROM finished f WHERE f.id = s.execution_id AND f.attempt = s.attempt)
     ORDER BY e.id
     FOR SHARE OF e
@@ -400,7 +407,7 @@ LIMIT %(limit)s;
 WITH owned AS (
     UPDATE workflow_executions
     SET tags = nullif(coalesce(tags, '{}') || %(tags)s::jsonb, '{}'), updated_at = clock_now()
-    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
     RETURNING id
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,

@@ -1,6 +1,7 @@
 -- Named queries for what workflows wait on: suspension, the timer, messages, events, child workflows,
 -- deadlines and forks. Statements that record a step check ownership exactly like write_steps: the
 -- writer's attempt, still running, lease not expired, the row held FOR SHARE until the write commits.
+-- (The lease test is `(lease_expires > now()) IS TRUE`, not an index condition: see write_steps.)
 
 -- name: suspend
 -- Give up the worker slot: the execution waits until %(wake_at)s (NULL: until woken) for %(reason)s.
@@ -12,7 +13,7 @@ SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = %(r
     available_at = CASE WHEN %(wake_at)s::timestamptz > '9999-12-30 00:00:00+00'
                         THEN '9999-12-30 00:00:00+00' ELSE %(wake_at)s::timestamptz END,
     updated_at = clock_now()
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
   AND (%(wakeups)s::bigint IS NULL OR wakeups = %(wakeups)s::bigint)
 RETURNING id;
 
@@ -71,7 +72,7 @@ WITH seen AS (
     SELECT wakeups FROM workflow_executions WHERE id = %(id)s
 ), owned AS (
     SELECT id FROM workflow_executions
-    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
     FOR SHARE
 ), next_message AS (
     SELECT m.id, m.message
@@ -114,7 +115,7 @@ ORDER BY id;
 -- Publish an event and record the publishing step together (fenced like every step).
 WITH owned AS (
     SELECT id FROM workflow_executions
-    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
     FOR SHARE
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
@@ -148,7 +149,7 @@ ORDER BY key, step_id;
 -- replay raises it again instead of taking the "no conflict" path.
 WITH owned AS (
     SELECT id, deadline FROM workflow_executions
-    WHERE id = %(parent)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    WHERE id = %(parent)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
     FOR SHARE
 ), child AS (
     SELECT i.id
@@ -189,7 +190,7 @@ SELECT w.wakeups, a.id, e.status, e.output::text AS output, e.error::text AS err
 FROM workflow_executions w
 CROSS JOIN unnest(%(ids)s::text[]) AS a (id)
 LEFT JOIN workflow_executions e ON e.id = a.id
-WHERE w.id = %(id)s AND w.attempt = %(attempt)s AND w.status = 'running' AND w.lease_expires > now();
+WHERE w.id = %(id)s AND w.attempt = %(attempt)s AND w.status = 'running' AND (w.lease_expires > now()) IS TRUE;
 
 -- name: list_children
 SELECT id, name, status, created_at, completed_at FROM workflow_executions
@@ -241,7 +242,7 @@ SELECT (SELECT id FROM forked) AS id, (SELECT name FROM forked) AS name, (SELECT
 -- in one statement, fenced like every step, so a value is written exactly once: a replay finds the step.
 WITH owned AS (
     SELECT id FROM workflow_executions
-    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+    WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
     FOR SHARE
 ), recorded AS (
     INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
@@ -292,7 +293,7 @@ LIMIT %(limit)s;
 UPDATE workflow_executions
 SET status = 'waiting', owner_id = NULL, lease_expires = NULL, wait_reason = 'parked', available_at = NULL,
     parked_reason = %(reason)s, app_version = coalesce(%(previous)s, app_version), updated_at = now()
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND lease_expires > now()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' AND (lease_expires > now()) IS TRUE
 RETURNING id;
 
 -- name: unpark
