@@ -1,18 +1,27 @@
 """What a worker's batch statements cost beside many running executions, by batch size.
 
 A worker writes its checkpoints and completions in batches (write_steps, write_completions,
-write_checkpoints; write_step for a batch of one step). Each write is fenced: it lands only while its
+write_checkpoints; write_step for a batch of one step; the _few forms of the three, planned for a few rows,
+for a batch of at most batch_plan.FEW_ROWS). Each write is fenced: it lands only while its
 execution is running under the writer's lease, so each statement looks its executions up in
 workflow_executions. This measures, for R running executions beside a history of H finished ones, how long
-each statement takes for batches of K rows, as the worker runs it: prepared, autocommit, PostgreSQL's plan
-cache deciding between custom and generic plans. Each batch runs in a transaction that is rolled back, so
-the same running rows serve every round. It also prints how the generic plan of a small batch finds its
-executions (the index it reads): a lookup by primary key costs the same however many run; a hash join over
-the running executions costs more the more there are (docs/benchmarks.md, "Batches beside many running
+each statement takes for batches of K rows, as the worker's writer runs it: prepared, the plan cache
+choosing between custom and generic plans. Each batch runs in a transaction that is
+rolled back (by a ROLLBACK psycopg does not see: on one it sees it forgets its prepared statements), so the
+same running rows serve every round; the times are the statements' alone, without a commit. It also prints
+how the generic plan of a one-row batch reads workflow_executions: by primary key, a write costs the same
+however many executions run; through the lease index (a hash join over the running executions, as before
+2026-12-05), it costs more the more there are (docs/benchmarks.md, "Batches beside many running
 executions").
+
+With --workflows N (and --concurrency C), end to end instead: N async workflows of three steps that each
+wait on I/O for 0.2-4 s (drawn at random, seeded), enqueued at once and run by one worker process at
+concurrency C, so that C executions run and a few of them write at any moment: workflows/s and the
+PostgreSQL server's CPU per workflow.
 
 Usage: .venv/bin/python bench/running.py [--running 1000,10000] [--history 200000] [--sizes 1,2,8,32,500]
        [--rounds 40] [--url URL]
+       .venv/bin/python bench/running.py --workflows 12000 --concurrency 4000
 env PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench).
 """
 
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import statistics
 import sys
@@ -31,12 +41,23 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.throughput import DEFAULT_URL, connect, drop_schema, ensure_database
+from bench.throughput import (
+    DEFAULT_URL,
+    WORK_QUEUE,
+    CpuMeter,
+    WorkerProcess,
+    _postgres_cpu,
+    build,
+    connect,
+    drop_schema,
+    ensure_database,
+)
 from pgdurable import App, store
 from pgdurable.sqlfiles import query
 
 T0 = "2026-01-01T00:00:00+00:00"
-STATEMENTS = ("write_step", "write_steps", "write_completions", "write_checkpoints")
+STATEMENTS = ("write_step", "write_steps", "write_steps_few", "write_completions", "write_completions_few",
+              "write_checkpoints", "write_checkpoints_few")
 
 
 def make_schema(url: str, running: int, history: int) -> tuple[str, list[tuple[str, int]]]:
@@ -67,9 +88,9 @@ def params(name: str, rows: list[tuple[str, int]]) -> dict[str, Any]:
         (id, attempt), = rows
         return {"execution_id": id, "attempt": attempt, "step_id": 0, "step_name": "s0", "tries": 1,
                 "started_at": T0, "output": '{"v": 1}', "error": None}
-    if name == "write_steps":
+    if name.startswith("write_steps"):
         return {"rows": steps}
-    if name == "write_completions":
+    if name.startswith("write_completions"):
         return {"rows": done, "bells": "[]"}
     return {"steps": steps, "completions": done, "bells": "[]"}
 
@@ -81,11 +102,14 @@ def timed(conn: psycopg.Connection[Any], name: str, running: list[tuple[str, int
     for round_ in range(rounds):
         start = (round_ * size) % max(1, len(running) - size + 1)
         rows = running[start:start + size]
-        with conn.transaction(force_rollback=True):
-            started = time.perf_counter()
-            written = conn.execute(query(name), params(name, rows), prepare=True).fetchall()
-            took.append(time.perf_counter() - started)
-        assert len(written) == size * (2 if name == "write_checkpoints" else 1), (name, size, len(written))
+        conn.execute("BEGIN")
+        started = time.perf_counter()
+        written = conn.execute(query(name), params(name, rows), prepare=True).fetchall()
+        took.append(time.perf_counter() - started)
+        # Undone by a ROLLBACK psycopg does not see: on one it sees, it forgets its prepared statements, and
+        # every round would be planned afresh, unlike the worker's.
+        conn.pgconn.exec_(b"ROLLBACK")
+        assert len(written) == size * (2 if name.startswith("write_checkpoints") else 1), (name, size, len(written))
     return statistics.median(took[rounds // 4:]) * 1000  # the first quarter: plans settling
 
 
@@ -96,7 +120,7 @@ def access_path(conn: psycopg.Connection[Any], name: str, rows: list[tuple[str, 
         text = text.replace(f"%({key})s", f"${i + 1}")
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE bench_running ({', '.join(['text'] * len(values))}) AS {text}")
+        conn.execute(f"PREPARE bench_running AS {text}")  # (the parameters' types from the statement)
         with psycopg.ClientCursor(conn) as cursor:
             plan = [line for (line,) in cursor.execute(
                 f"EXPLAIN (COSTS OFF) EXECUTE bench_running ({', '.join(['%s'] * len(values))})",
@@ -107,6 +131,37 @@ def access_path(conn: psycopg.Connection[Any], name: str, rows: list[tuple[str, 
     return "; ".join(sorted(scans))
 
 
+def end_to_end(url: str, workflows: int, concurrency: int) -> None:
+    schema = f"running_{secrets.token_hex(4)}"
+    bench = build(url, schema)
+    bench.app.migrate()
+    draw = random.Random(13)
+    worker = WorkerProcess(url, schema, WORK_QUEUE, concurrency)
+    try:
+        with connect(url, schema) as conn:
+            while not conn.execute("SELECT count(*) FROM workers").fetchone()[0]:  # (the worker is up)
+                worker.check()
+                time.sleep(0.1)
+            bench.app.enqueue_many(bench.flows["async"]["io"],
+                                   [([round(draw.uniform(0.2, 4.0), 3) for _ in range(3)],)
+                                    for _ in range(workflows)])
+            meter, started = CpuMeter(worker.pid), time.monotonic()
+            while conn.execute("SELECT count(*) FROM workflow_executions WHERE status <> 'succeeded'"
+                               ).fetchone()[0]:
+                worker.check()
+                time.sleep(0.2)
+            wall = time.monotonic() - started
+            server = sum(cpu - meter.pg0.get(pid, 0.0) for pid, cpu in _postgres_cpu().items())
+        print(f"{workflows:,} workflows of three I/O waits of 0.2-4 s, one worker at C={concurrency}: "
+              f"{workflows / wall:,.0f} workflows/s; PostgreSQL CPU {server:.2f} s = "
+              f"{server * 1e6 / workflows:,.0f} us a workflow", flush=True)
+        print(meter.line("end to end", wall), flush=True)
+    finally:
+        worker.stop()
+        bench.app.close()
+        drop_schema(url, schema)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--running", default="1000,10000", help="running executions, comma-separated")
@@ -114,8 +169,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,8,32,500", help="batch sizes, comma-separated")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--url", default=os.environ.get("PGDURABLE_BENCH_URL", DEFAULT_URL))
+    parser.add_argument("--workflows", type=int, help="end to end: this many I/O-bound workflows")
+    parser.add_argument("--concurrency", type=int, default=4000, help="end to end: the worker's concurrency")
     args = parser.parse_args()
     ensure_database(args.url)
+    if args.workflows:
+        end_to_end(args.url, args.workflows, args.concurrency)
+        return
     for count in (int(r) for r in args.running.split(",")):
         schema, running = make_schema(args.url, count, args.history)
         try:

@@ -40,6 +40,7 @@ bench/memory.py reuse its workflows and helpers.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import queue as queue_module
@@ -143,11 +144,22 @@ def build(url: str, schema: str) -> Bench:
     async def job_one_step_async(i: int) -> int:
         return await add_one_async(i)
 
+    # Three steps that each wait on I/O for as long as told (bench/running.py: many executions running, few
+    # of them writing at any moment).
+    @app.step(name="wait_io")
+    async def wait_io(seconds: float) -> float:
+        await asyncio.sleep(seconds)
+        return seconds
+
+    @app.workflow(name="io_bound_async", queue=WORK_QUEUE)
+    async def io_bound_async(waits: list[float]) -> float:
+        return sum([await wait_io(seconds) for seconds in waits])
+
     return Bench(app, {
         "sync": {"three": three_steps, "one": one_step, "many": many_steps, "job": job,
                  "job1": job_one_step},
         "async": {"three": three_steps_async, "one": one_step_async, "many": many_steps_async,
-                  "job": job_async, "job1": job_one_step_async},
+                  "job": job_async, "job1": job_one_step_async, "io": io_bound_async},
     })
 
 

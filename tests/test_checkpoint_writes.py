@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgdurable import store
 from pgdurable.sqlfiles import query
@@ -33,6 +34,15 @@ def done_row(c: store.claims.Claimed, attempt: int | None = None) -> list[Any]:
     return [c.id, c.attempt if attempt is None else attempt, "succeeded", "out", None]
 
 
+def checkpoints(steps: list[list[Any]], done: list[list[Any]], few: bool = False
+                ) -> store.Call[set[store.checkpoints.WriteKey]]:
+    return store.checkpoints.write_checkpoints(json.dumps(steps), json.dumps(done), few=few)
+
+
+# The batch statements come in two plans of the same rules: for a few rows (by primary key) and for more.
+both_plans = pytest.mark.parametrize("few", [False, True], ids=["many", "few"])
+
+
 def steps_of(db: psycopg.Connection[Any], id: str) -> list[tuple[int, Any, int]]:
     return db.execute("SELECT step_id, output, recorded_by_attempt FROM operation_outputs WHERE execution_id = %s "
                       "ORDER BY step_id", (id,)).fetchall()
@@ -42,10 +52,11 @@ def status_of(db: psycopg.Connection[Any], id: str) -> tuple[str, Any, Any]:
     return db.execute("SELECT status, output, owner_id FROM workflow_executions WHERE id = %s", (id,)).fetchone()
 
 
-def test_steps_and_completions_in_one_statement(db: psycopg.Connection[Any]) -> None:
+@both_plans
+def test_steps_and_completions_in_one_statement(db: psycopg.Connection[Any], few: bool) -> None:
     finishing, running = claimed(db, 2)
     steps = [step_row(finishing, 0), step_row(finishing, 1), step_row(running, 0)]
-    written = store.run(db, store.checkpoints.write_checkpoints(json.dumps(steps), json.dumps([done_row(finishing)])))
+    written = store.run(db, checkpoints(steps, [done_row(finishing)], few))
     assert written == {(finishing.id, finishing.attempt, 0), (finishing.id, finishing.attempt, 1),
                        (finishing.id, finishing.attempt, None), (running.id, running.attempt, 0)}
     assert steps_of(db, finishing.id) == [(0, {"v": 0}, finishing.attempt), (1, {"v": 1}, finishing.attempt)]
@@ -53,12 +64,12 @@ def test_steps_and_completions_in_one_statement(db: psycopg.Connection[Any]) -> 
     assert steps_of(db, running.id) == [(0, {"v": 0}, running.attempt)]
     assert status_of(db, running.id)[0] == "running"
     # Written again (a retried batch): nothing new, the first record stays.
-    again = store.run(db, store.checkpoints.write_checkpoints(
-        json.dumps([step_row(running, 0), step_row(running, 1)]), json.dumps([done_row(running)])))
+    again = store.run(db, checkpoints([step_row(running, 0), step_row(running, 1)], [done_row(running)], few))
     assert again == {(running.id, running.attempt, 1), (running.id, running.attempt, None)}
 
 
-def test_a_fenced_completion_takes_its_attempts_steps_with_it(db: psycopg.Connection[Any]) -> None:
+@both_plans
+def test_a_fenced_completion_takes_its_attempts_steps_with_it(db: psycopg.Connection[Any], few: bool) -> None:
     """The steps of an attempt that no longer owns its execution are not written, whether its completion is in
     the same statement or not; a later attempt's steps in the same statement are."""
     lost, expired, other = claimed(db, 3)
@@ -67,15 +78,16 @@ def test_a_fenced_completion_takes_its_attempts_steps_with_it(db: psycopg.Connec
                (expired.id,))
     steps = [step_row(lost, 0), step_row(lost, 1, attempt=lost.attempt + 1), step_row(expired, 0),
              step_row(other, 0, attempt=other.attempt + 1)]
-    written = store.run(db, store.checkpoints.write_checkpoints(
-        json.dumps(steps), json.dumps([done_row(lost), done_row(expired), done_row(other, attempt=other.attempt + 1)])))
+    written = store.run(db, checkpoints(
+        steps, [done_row(lost), done_row(expired), done_row(other, attempt=other.attempt + 1)], few))
     assert written == {(lost.id, lost.attempt + 1, 1)}
     assert steps_of(db, lost.id) == [(1, {"v": 1}, lost.attempt + 1)]
     assert steps_of(db, expired.id) == [] and steps_of(db, other.id) == []
     assert [status_of(db, c.id)[0] for c in (lost, expired, other)] == ["running"] * 3
 
 
-def test_the_same_outcome_as_the_two_statements(db: psycopg.Connection[Any]) -> None:
+@both_plans
+def test_the_same_outcome_as_the_two_statements(db: psycopg.Connection[Any], few: bool) -> None:
     """The same batch written by write_checkpoints and by write_steps then write_completions (in one
     transaction, as on Citus) leaves the same rows and reports the same keys."""
     a = claimed(db, 3)
@@ -87,11 +99,11 @@ def test_the_same_outcome_as_the_two_statements(db: psycopg.Connection[Any]) -> 
         return steps, [done_row(cs[0]), done_row(cs[2])]
 
     steps, done = batch(a)
-    one = store.run(db, store.checkpoints.write_checkpoints(json.dumps(steps), json.dumps(done)))
+    one = store.run(db, checkpoints(steps, done, few))
     steps, done = batch(b)
     with db.transaction():
-        two = store.run(db, store.checkpoints.write_steps(json.dumps(steps)))
-        two |= store.run(db, store.checkpoints.write_completions(json.dumps(done)))
+        two = store.run(db, store.checkpoints.write_steps(json.dumps(steps), few=few))
+        two |= store.run(db, store.checkpoints.write_completions(json.dumps(done), few=few))
 
     def relative(keys: set[Any], cs: list[store.claims.Claimed]) -> set[Any]:
         index = {c.id: i for i, c in enumerate(cs)}
@@ -138,12 +150,13 @@ def test_one_step_alone_is_written_and_fenced_as_write_steps_writes_it(db: psyco
                       (cases[4].id,)).fetchone() == (None, "E")  # an error keeps no output
 
 
-def test_a_write_fenced_on_one_execution_finds_it_by_primary_key_however_many_run(
-        db: psycopg.Connection[Any]) -> None:
-    """write_step and the waits' statements look their execution up by primary key in the generic plans a
-    worker's prepared statements settle on. Their lease test once was an index condition, which PostgreSQL,
-    its statistics of lease_expires always stale, took for a handful of rows: it read every running
-    execution through the lease index (docs/benchmarks.md, "Batches beside many running executions")."""
+def test_fenced_writes_find_their_executions_by_primary_key_however_many_run(db: psycopg.Connection[Any]) -> None:
+    """write_step, the waits' statements and the batch statements for a few rows look their executions up by
+    primary key in the generic plans a worker's prepared statements settle on. Their lease test once was an
+    index condition, which PostgreSQL, its statistics of lease_expires always stale, took for a handful of
+    rows: a statement on one execution read every running execution through the lease index, and a small
+    batch (a JSON array, planned for 100 rows) hash-joined them all (docs/benchmarks.md, "Batches beside many
+    running executions")."""
     running = claimed(db, 1500)
     # Statistics as a live worker leaves them: analyzed, then every lease renewed past what they show.
     db.execute("UPDATE workflow_executions SET lease_expires = now() - interval '1 minute'")
@@ -153,7 +166,11 @@ def test_a_write_fenced_on_one_execution_finds_it_by_primary_key_however_many_ru
     fenced = {"write_step": {"execution_id": target.id, "attempt": target.attempt, "step_id": 0, "step_name": "s0",
                              "tries": 1, "started_at": T0, "output": "1", "error": None},
               "suspend": {"reason": "delay", "wake_at": T0, "id": target.id, "attempt": target.attempt,
-                          "wakeups": None}}
+                          "wakeups": None},
+              "write_steps_few": {"rows": json.dumps([step_row(c, 0) for c in running[:2]])},
+              "write_completions_few": {"rows": json.dumps([done_row(running[2])]), "bells": "[]"},
+              "write_checkpoints_few": {"steps": json.dumps([step_row(running[3], 0)]),
+                                        "completions": json.dumps([done_row(running[3])]), "bells": "[]"}}
     for name, params in fenced.items():
         text = query(name)
         order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
@@ -170,3 +187,4 @@ def test_a_write_fenced_on_one_execution_finds_it_by_primary_key_however_many_ru
             db.execute("DEALLOCATE fenced")
         scans = [line for line in plan if "Scan" in line and " on workflow_executions" in line]
         assert scans and all("workflow_executions_pkey" in line for line in scans), (name, plan)
+

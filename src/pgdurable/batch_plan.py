@@ -26,6 +26,13 @@ log = logging.getLogger("pgdurable.worker")
 # A batch that fails is retried this many times (reconnecting) before its writers are told it failed.
 FLUSH_ATTEMPTS = 3
 
+# A batch of at most this many writes goes to the statements planned for a few rows (write_steps_few and
+# its siblings: each execution looked up by its id, whatever the count of running executions); a larger one
+# to those that hash-join the running executions. Beside 10,000 running executions a batch of one cost
+# 1.7-1.8 ms the second way and 0.10-0.22 the first; beside 64, both alike up to 8 rows, the first 5-10%
+# dearer at 32 (bench/running.py; docs/benchmarks.md, "Batches beside many running executions").
+FEW_ROWS = 16
+
 
 
 @dataclass(slots=True)
@@ -350,13 +357,14 @@ def _write_calls(writes: Sequence[tuple[Item, Waiter]], citus: bool
     done = [_completion_row(item) for item, _ in writes if isinstance(item, Completion)]
     bells = json.dumps(list(dict.fromkeys(item.bell for item, _ in writes
                                           if isinstance(item, Completion) and item.bell))) if done else "[]"
+    few = len(writes) <= FEW_ROWS and not citus
     if steps and done and not citus:
-        return [store.checkpoints.write_checkpoints(_array(steps), _array(done), bells)]
+        return [store.checkpoints.write_checkpoints(_array(steps), _array(done), bells, few=few)]
     calls = []
     if steps:
-        calls.append(store.checkpoints.write_steps(_array(steps)))
+        calls.append(store.checkpoints.write_steps(_array(steps), few=few))
     if done:
-        calls.append(store.checkpoints.write_completions(_array(done), bells))
+        calls.append(store.checkpoints.write_completions(_array(done), bells, few=few))
     return calls
 
 

@@ -96,16 +96,22 @@ def test_outputs_are_spliced_as_json() -> None:
 
 
 def test_a_step_alone_is_written_from_scalar_parameters() -> None:
-    """One step and nothing else (steps in sequence) goes to write_step; more writes, or a Citus schema, to the
-    array statements."""
+    """One step and nothing else (steps in sequence) goes to write_step; a few writes to the array statements
+    planned for a few (write_steps_few and its siblings), more, or a Citus schema, to the others."""
     def names(items: list[Any], citus: bool = False) -> list[str]:
         return [call.name for call in batch_plan._write_calls([(i, ThreadWaiter()) for i in items], citus)]
 
     assert names([step("e1", 1, 0)]) == ["write_step"]
     assert names([step("e1", 1, 0)], citus=True) == ["write_steps"]
-    assert names([step("e1", 1, 0), step("e2", 1, 0)]) == ["write_steps"]
-    assert names([step("e1", 1, 0), done("e1", 1)]) == ["write_checkpoints"]
-    assert names([done("e1", 1)]) == ["write_completions"]
+    assert names([step("e1", 1, 0), step("e2", 1, 0)]) == ["write_steps_few"]
+    assert names([step("e1", 1, 0), done("e1", 1)]) == ["write_checkpoints_few"]
+    assert names([done("e1", 1)]) == ["write_completions_few"]
+    assert names([done("e1", 1)], citus=True) == ["write_completions"]
+    # More than a few: the statements that hash-join the running executions.
+    many = [step(f"e{i}", 1, 0) for i in range(batch_plan.FEW_ROWS)]
+    assert names([*many, done("e0", 1)]) == ["write_checkpoints"]
+    assert names([*many, step("ex", 1, 0)]) == ["write_steps"]
+    assert names([done(f"e{i}", 1) for i in range(batch_plan.FEW_ROWS + 1)]) == ["write_completions"]
     db = FakeDatabase(owned={("e1", 1)})
     assert results(run_plan(db, [step("e1", 1, 0, output=None, error='{"type": "E"}')])) == [True]
     assert db.steps[("e1", 0)][6:] == (None, {"type": "E"})

@@ -52,9 +52,10 @@ def _written(rows: Rows) -> set[WriteKey]:
     return {(row[0], row[1], row[2]) for row in rows}
 
 
-def write_steps(rows: str) -> Call[set[WriteKey]]:
-    """Step checkpoints as one JSON array; returns (execution_id, attempt, step_id) of the rows written."""
-    return Call("write_steps", {"rows": rows}, _written)
+def write_steps(rows: str, few: bool = False) -> Call[set[WriteKey]]:
+    """Step checkpoints as one JSON array; returns (execution_id, attempt, step_id) of the rows written.
+    ``few``: a batch of a few rows (single node), planned for them: each execution looked up by its id."""
+    return Call("write_steps_few" if few else "write_steps", {"rows": rows}, _written)
 
 
 def write_step(execution_id: str, attempt: int, step_id: int, step_name: str, tries: int, started_at: datetime,
@@ -65,15 +66,17 @@ def write_step(execution_id: str, attempt: int, step_id: int, step_name: str, tr
                                "output": output or "null", "error": error}, _written)
 
 
-def write_completions(rows: str, bells: str = "[]") -> Call[set[WriteKey]]:
+def write_completions(rows: str, bells: str = "[]", few: bool = False) -> Call[set[WriteKey]]:
     """Completions as one JSON array; returns (execution_id, attempt, None) of the executions finished.
-    ``bells``: a JSON array of [worker_id, queue], the doorbells to arm in the same statement (single node)."""
-    return Call("write_completions", {"rows": rows, "bells": bells}, _written)
+    ``bells``: a JSON array of [worker_id, queue], the doorbells to arm in the same statement (single node).
+    ``few``: as for ``write_steps``."""
+    return Call("write_completions_few" if few else "write_completions", {"rows": rows, "bells": bells}, _written)
 
 
-def write_checkpoints(steps: str, completions: str, bells: str = "[]") -> Call[set[WriteKey]]:
+def write_checkpoints(steps: str, completions: str, bells: str = "[]", few: bool = False) -> Call[set[WriteKey]]:
     """``write_steps`` and ``write_completions`` in one statement (single node): what both return."""
-    return Call("write_checkpoints", {"steps": steps, "completions": completions, "bells": bells}, _written)
+    return Call("write_checkpoints_few" if few else "write_checkpoints",
+                {"steps": steps, "completions": completions, "bells": bells}, _written)
 
 
 def list_steps(id: str) -> Call[list[Step]]:

@@ -168,9 +168,10 @@ ORDER BY execution_id, step_id;
 -- not an index condition. The statistics of lease_expires are always stale (leases move forward with time,
 -- and PostgreSQL reads an index for a column's actual range only if the index has no predicate), so it took
 -- "lease_expires > now()" for a handful of rows: a statement fenced on one execution (write_step, the waits)
--- read every running execution through the lease index instead of its primary key. The batch statements
--- still hash-join the running executions, read whole, which suits a large batch; a small one beside
--- thousands of running executions pays for it (docs/benchmarks.md, "Batches beside many running executions").
+-- read every running execution through the lease index instead of its primary key. This statement hash-joins
+-- the running executions, read whole, which suits a large batch; a batch of a few rows goes to
+-- write_steps_few, which looks each up by its id (docs/benchmarks.md, "Batches beside many running
+-- executions").
 INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts, recorded_by_attempt,
                                started_at, completed_at)
 SELECT e.id, (r ->> 2)::int, r ->> 3, CASE WHEN nullif(r -> 7, 'null') IS NULL THEN r -> 6 END,
@@ -183,6 +184,26 @@ FOR SHARE OF e
 ON CONFLICT (execution_id, step_id) DO NOTHING
 RETURNING execution_id, recorded_by_attempt, step_id;
 
+-- name: write_steps_few
+-- write_steps for a batch of a few rows (at most batch_plan.FEW_ROWS), each execution looked up by its id, at
+-- the same cost however many run. "n BETWEEN 1 AND 2147483647" holds for every row of the array, but
+-- PostgreSQL, with no statistics on it, takes it for a narrow range: it plans for one row (it takes a JSON
+-- array for 100), in custom and generic plans alike (the plan cache keeps the generic one), and with the
+-- status test inside IS TRUE too, no index but the primary key can serve the fence. write_steps instead
+-- hash-joins all running executions: what a large batch wants, and about 2 ms for a batch of one beside ten
+-- thousand (docs/benchmarks.md, "Batches beside many running executions").
+INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts, recorded_by_attempt,
+                               started_at, completed_at)
+SELECT e.id, (r ->> 2)::int, r ->> 3, CASE WHEN nullif(r -> 7, 'null') IS NULL THEN r -> 6 END,
+       nullif(r -> 7, 'null'), (r ->> 4)::int, e.attempt, (r ->> 5)::timestamptz, clock_now()
+FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS batch (r, n)
+JOIN workflow_executions e ON e.id = r ->> 0
+WHERE n BETWEEN 1 AND 2147483647
+  AND e.attempt = (r ->> 1)::int AND (e.status = 'running' AND e.lease_expires > now()) IS TRUE
+ORDER BY e.id
+FOR SHARE OF e
+ON CONFLICT (execution_id, step_id) DO NOTHING
+RETURNING execution_id, recorded_by_attempt, step_id;
 -- name: write_step
 -- write_steps for a batch of one step, the common case (a workflow's steps in sequence, each waiting for its
 -- checkpoint): the same fence and the same row, from scalar parameters. Without the JSON array and the join
@@ -229,6 +250,31 @@ FROM finished f
 WHERE e.id = f.id AND e.attempt = f.attempt AND e.status = 'running' AND (e.lease_expires > now()) IS TRUE
 RETURNING e.id, e.attempt, NULL::int;
 
+-- name: write_completions_few
+-- write_completions for a batch of a few rows, planned for one and looked up by id: see write_steps_few.
+WITH finished AS (
+    SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
+           r -> 3 AS output, nullif(r -> 4, 'null') AS error
+    FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS batch (r, n)
+    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps
+), bells AS (
+    SELECT b ->> 0 AS worker_id, b ->> 1 AS queue FROM jsonb_array_elements(%(bells)s::jsonb) AS b
+), armed AS (
+    UPDATE worker_doorbells d SET armed = true
+    FROM bells b
+    WHERE d.worker_id = b.worker_id AND d.queue = b.queue AND NOT d.armed
+), installed AS (
+    INSERT INTO worker_doorbells (queue, worker_id)
+    SELECT b.queue, b.worker_id FROM bells b
+    WHERE NOT EXISTS (SELECT FROM worker_doorbells d WHERE d.worker_id = b.worker_id AND d.queue = b.queue)
+    ON CONFLICT DO NOTHING
+)
+UPDATE workflow_executions e
+SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
+    owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
+FROM finished f
+WHERE e.id = f.id AND e.attempt = f.attempt AND (e.status = 'running' AND e.lease_expires > now()) IS TRUE
+RETURNING e.id, e.attempt, NULL::int;
 -- name: write_checkpoints
 -- write_steps and write_completions of one batch in one statement (one round trip instead of BEGIN, the two
 -- statements and COMMIT). The steps of an execution this statement completes are written only if the
@@ -283,6 +329,59 @@ SELECT id, attempt, NULL::int FROM done
 UNION ALL
 SELECT execution_id, recorded_by_attempt, step_id FROM recorded;
 
+-- name: write_checkpoints_few
+-- write_checkpoints for a batch of a few rows, planned for one and looked up by id: see write_steps_few. (A
+-- large batch must not be planned so: its steps would be matched to its completions by nested loops.)
+WITH finished AS (
+    SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
+           r -> 3 AS output, nullif(r -> 4, 'null') AS error
+    FROM jsonb_array_elements(%(completions)s::jsonb) WITH ORDINALITY AS batch (r, n)
+    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps
+), bells AS (
+    SELECT b ->> 0 AS worker_id, b ->> 1 AS queue FROM jsonb_array_elements(%(bells)s::jsonb) AS b
+), armed AS (
+    UPDATE worker_doorbells d SET armed = true
+    FROM bells b
+    WHERE d.worker_id = b.worker_id AND d.queue = b.queue AND NOT d.armed
+), installed AS (
+    INSERT INTO worker_doorbells (queue, worker_id)
+    SELECT b.queue, b.worker_id FROM bells b
+    WHERE NOT EXISTS (SELECT FROM worker_doorbells d WHERE d.worker_id = b.worker_id AND d.queue = b.queue)
+    ON CONFLICT DO NOTHING
+), done AS (
+    UPDATE workflow_executions e
+    SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, error = f.error,
+        owner_id = NULL, lease_expires = NULL, completed_at = clock_now(), updated_at = clock_now(), wait_reason = NULL
+    FROM finished f
+    WHERE e.id = f.id AND e.attempt = f.attempt AND (e.status = 'running' AND e.lease_expires > now()) IS TRUE
+    RETURNING e.id, e.attempt
+), steps AS (
+    SELECT r ->> 0 AS execution_id, (r ->> 1)::int AS attempt, (r ->> 2)::int AS step_id,
+           r ->> 3 AS step_name, (r ->> 4)::int AS tries, (r ->> 5)::timestamptz AS started_at,
+           r -> 6 AS output, nullif(r -> 7, 'null') AS error
+    FROM jsonb_array_elements(%(steps)s::jsonb) WITH ORDINALITY AS batch (r, n)
+    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps
+), owned AS (
+    SELECT s.*
+    FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
+    WHERE e.attempt = s.attempt AND (e.status = 'running' AND e.lease_expires > now()) IS TRUE
+      AND NOT EXISTS (SELECT FROM finished f WHERE f.id = s.execution_id AND f.attempt = s.attempt)
+    ORDER BY e.id
+    FOR SHARE OF e
+), recorded AS (
+    INSERT INTO operation_outputs (execution_id, step_id, step_name, output, error, attempts,
+                                   recorded_by_attempt, started_at, completed_at)
+    SELECT execution_id, step_id, step_name, CASE WHEN error IS NULL THEN output END, error, tries, attempt,
+           started_at, clock_now()
+    FROM (SELECT * FROM owned
+          UNION ALL
+          SELECT s.* FROM steps s JOIN done d ON d.id = s.execution_id AND d.attempt = s.attempt) AS w
+    ON CONFLICT (execution_id, step_id) DO NOTHING
+    RETURNING execution_id, recorded_by_attempt, step_id
+)
+SELECT id, attempt, NULL::int FROM done
+UNION ALL
+SELECT execution_id, recorded_by_attempt, step_id FROM recorded;
 -- name: heartbeat
 -- Extend the leases of the executions this worker is running; the rows returned are what it still owns.
 -- An execution it gave up on locally is left out, so its lease runs out and another worker retries it.
