@@ -204,6 +204,7 @@ ORDER BY e.id
 FOR SHARE OF e
 ON CONFLICT (execution_id, step_id) DO NOTHING
 RETURNING execution_id, recorded_by_attempt, step_id;
+
 -- name: write_step
 -- write_steps for a batch of one step, the common case (a workflow's steps in sequence, each waiting for its
 -- checkpoint): the same fence and the same row, from scalar parameters. Without the JSON array and the join
@@ -256,7 +257,7 @@ WITH finished AS (
     SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
            r -> 3 AS output, nullif(r -> 4, 'null') AS error
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS batch (r, n)
-    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps
+    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps_few
 ), bells AS (
     SELECT b ->> 0 AS worker_id, b ->> 1 AS queue FROM jsonb_array_elements(%(bells)s::jsonb) AS b
 ), armed AS (
@@ -275,6 +276,7 @@ SET status = f.status, output = CASE WHEN f.error IS NULL THEN f.output END, err
 FROM finished f
 WHERE e.id = f.id AND e.attempt = f.attempt AND (e.status = 'running' AND e.lease_expires > now()) IS TRUE
 RETURNING e.id, e.attempt, NULL::int;
+
 -- name: write_checkpoints
 -- write_steps and write_completions of one batch in one statement (one round trip instead of BEGIN, the two
 -- statements and COMMIT). The steps of an execution this statement completes are written only if the
@@ -336,7 +338,7 @@ WITH finished AS (
     SELECT r ->> 0 AS id, (r ->> 1)::int AS attempt, r ->> 2 AS status,
            r -> 3 AS output, nullif(r -> 4, 'null') AS error
     FROM jsonb_array_elements(%(completions)s::jsonb) WITH ORDINALITY AS batch (r, n)
-    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps
+    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps_few
 ), bells AS (
     SELECT b ->> 0 AS worker_id, b ->> 1 AS queue FROM jsonb_array_elements(%(bells)s::jsonb) AS b
 ), armed AS (
@@ -360,7 +362,7 @@ WITH finished AS (
            r ->> 3 AS step_name, (r ->> 4)::int AS tries, (r ->> 5)::timestamptz AS started_at,
            r -> 6 AS output, nullif(r -> 7, 'null') AS error
     FROM jsonb_array_elements(%(steps)s::jsonb) WITH ORDINALITY AS batch (r, n)
-    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps
+    WHERE n BETWEEN 1 AND 2147483647  -- every row: see write_steps_few
 ), owned AS (
     SELECT s.*
     FROM steps s JOIN workflow_executions e ON e.id = s.execution_id
