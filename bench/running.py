@@ -46,7 +46,6 @@ from bench.throughput import (
     WORK_QUEUE,
     CpuMeter,
     WorkerProcess,
-    _postgres_cpu,
     build,
     connect,
     drop_schema,
@@ -151,7 +150,7 @@ def end_to_end(url: str, workflows: int, concurrency: int) -> None:
                 worker.check()
                 time.sleep(0.2)
             wall = time.monotonic() - started
-            server = sum(cpu - meter.pg0.get(pid, 0.0) for pid, cpu in _postgres_cpu().items())
+            server = meter.postgres_seconds()
         print(f"{workflows:,} workflows of three I/O waits of 0.2-4 s, one worker at C={concurrency}: "
               f"{workflows / wall:,.0f} workflows/s; PostgreSQL CPU {server:.2f} s = "
               f"{server * 1e6 / workflows:,.0f} us a workflow", flush=True)

@@ -364,6 +364,9 @@ class CpuMeter:
         self.self0 = sum(os.times()[:2])
         self.pg0 = _postgres_cpu()
 
+    def postgres_seconds(self) -> float:
+        return sum(cpu - self.pg0.get(pid, 0.0) for pid, cpu in _postgres_cpu().items())
+
     def worker_seconds(self) -> list[float]:
         return [(_proc_cpu(pid) or self.worker0[pid]) - self.worker0[pid] for pid in self.worker_pids]
 
@@ -377,8 +380,7 @@ class CpuMeter:
             parts.append(f"{name} {w:.2f} s{each} ({w / wall * 100:.0f}% of a core)")
         me = sum(os.times()[:2]) - self.self0
         parts.append(f"client {me:.2f} s ({me / wall * 100:.0f}%)")
-        pg1 = _postgres_cpu()
-        pg = sum(cpu - self.pg0.get(pid, 0.0) for pid, cpu in pg1.items())
+        pg = self.postgres_seconds()
         parts.append(f"postgres {pg:.2f} s ({pg / wall * 100:.0f}%)")
         return f"pgdurable   {label} cpu over {wall:.2f} s wall: " + ", ".join(parts) + f" [{os.cpu_count()} cpus]"
 
