@@ -34,7 +34,6 @@ FLUSH_ATTEMPTS = 3
 FEW_ROWS = 16
 
 
-
 @dataclass(slots=True)
 class StepWrite:
     execution_id: str
