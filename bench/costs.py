@@ -72,6 +72,9 @@ DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/pgdurable_bench"
 # The contention benchmark's sides: a worker asleep on the queue (wake-ups), the same worker polling with no
 # bell, and no worker at all (no bell armed).
 SIDES = ("with", "polling", "without")
+# The floor: one row into a table with a primary key and one unique index, committed; run by pgbench and,
+# for the driver's share, from this process by psycopg.
+FLOOR_INSERT = "INSERT INTO pgdurable_costs_floor (wf, step, out) VALUES (gen_random_uuid(), 1, '{\"a\": 1}')"
 
 
 def pgbench(url: str, script: str, clients: int, seconds: int, options: str | None = None) -> float:
@@ -244,7 +247,7 @@ def main() -> None:
         conn.execute("CREATE TABLE pgdurable_costs_floor (id bigserial PRIMARY KEY, wf uuid, step int, out jsonb,"
                      " UNIQUE (wf, step))")
     floor = write(tmp, "floor.sql",
-                  "INSERT INTO pgdurable_costs_floor (wf, step, out) VALUES (gen_random_uuid(), 1, '{\"a\": 1}');\n")
+                  f"{FLOOR_INSERT};\n")
     qualified = sql.Identifier(schema).as_string(None)
     enqueue_sql = write(tmp, "enqueue.sql",
                         f"SELECT {qualified}.enqueue_workflow('job', '{{\"i\": 1}}', '{IDLE_QUEUE}');\n")
@@ -352,12 +355,11 @@ def main() -> None:
 
 def driver_floor(url: str, calls: int) -> float:
     """The floor's INSERT from this process: psycopg, prepared, autocommit, one cursor; ms per call."""
-    insert = "INSERT INTO pgdurable_costs_floor (wf, step, out) VALUES (gen_random_uuid(), 1, '{\"a\": 1}')"
     with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn, conn.cursor() as cursor:
-        cursor.execute(insert)  # prepared by this first call
+        cursor.execute(FLOOR_INSERT)  # prepared by this first call
         started = time.perf_counter()
         for _ in range(calls):
-            cursor.execute(insert)
+            cursor.execute(FLOOR_INSERT)
         return (time.perf_counter() - started) * 1000 / calls
 
 
