@@ -193,12 +193,15 @@ def test_channel_names_agree_with_the_sql(database_url: str, schema: str) -> Non
 
 def test_executions_are_created_only_through_the_insert_function() -> None:
     """One insert path: no named query inserts into workflow_executions itself (they call
-    insert_executions_v2, as enqueue_workflow does), so defaults and limits cannot diverge."""
+    insert_executions_v2, as enqueue_workflow does), so defaults and limits cannot diverge. One exception, for
+    speed: ``enqueue`` writes one execution with a plain INSERT (the function's call cost it about 30 us of
+    0.4 ms), and tests/test_enqueue_rows.py holds it to the function's rows."""
     offenders = [name for name, text in queries().items()
                  if re.search(r"INSERT\s+INTO\s+workflow_executions\b", text, re.IGNORECASE)]
-    assert offenders == []
+    assert offenders == ["enqueue"]
     creators = [name for name, text in queries().items() if "insert_executions_v2" in text]
-    assert sorted(creators) == ["enqueue", "enqueue_child", "enqueue_many", "enqueue_ticks", "fork", "start_owned"]
+    assert sorted(creators) == ["enqueue_child", "enqueue_debounced", "enqueue_many", "enqueue_ticks", "fork",
+                                "start_owned"]
     body = schema_sql().split("CREATE FUNCTION enqueue_workflow(", 1)[1].split("\n$$;", 1)[0]
     assert "insert_executions_v2" in body and "INSERT INTO" not in body
 

@@ -96,6 +96,31 @@ def test_an_enqueue_notifies_only_while_a_bell_is_armed(db: psycopg.Connection[A
     assert listening() == []  # rung once per sleep
 
 
+def test_an_app_enqueue_rings_only_for_work_that_can_be_claimed_now(
+        db: psycopg.Connection[Any], listening: Callable[[], list[str]]) -> None:
+    """app.enqueue writes one row with a plain INSERT (not the SQL function): it rings the same bells, once per
+    sleep, but not for a delayed start (the timer's UPDATE rings when it is due)."""
+    def enqueue(id: str, delay: float = 0.0) -> None:
+        store.run(db, store.executions.enqueue(id=id, name="n", queue="q", priority=0, input="{}",
+                                               max_recoveries=5, delay=delay))
+
+    enqueue("quiet")
+    assert listening() == []
+    arm(db, "w1")
+    enqueue("later", delay=60)
+    assert listening() == []
+    assert armed(db) == {("q", "w1"): True}
+    enqueue("now")
+    assert listening() == ["q"]
+    assert armed(db) == {("q", "w1"): False}
+    enqueue("again")
+    assert listening() == []
+    db.execute("UPDATE workflow_executions SET available_at = now() WHERE id = 'later'")
+    arm(db, "w1")
+    store.run(db, store.claims.wake_due())
+    assert listening() == ["q"]  # the delayed one, made due
+
+
 def test_a_bulk_insert_rings_once_per_queue(db: psycopg.Connection[Any], listening: Callable[[], list[str]]) -> None:
     arm(db, "w1", "a")
     arm(db, "w2", "b")

@@ -78,7 +78,10 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
             debounce: tuple[str, float, float | None] | None = None) -> Call[Enqueued | None]:
     """``tags``: a JSON object's text; ``debounce``: (key, seconds, max seconds), see limits.debounce."""
     debounce_key, debounce_seconds, debounce_max_seconds = debounce or (None, None, None)
-    return Call("enqueue", {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
+    # A debounced enqueue goes through insert_executions_v2, which holds what a burst does; one that is not, a
+    # plain INSERT of the same row (executions.sql).
+    statement = "enqueue" if debounce is None else "enqueue_debounced"
+    return Call(statement, {"id": id, "name": name, "queue": queue, "priority": priority, "input": input,
                             "max_recoveries": max_recoveries, "delay": delay, "timeout": timeout,
                             "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace,
                             "tags": tags, "debounce_key": debounce_key, "debounce_seconds": debounce_seconds,

@@ -2,11 +2,37 @@
 -- named placeholders. The connection's search_path is the pgdurable schema.
 
 -- name: enqueue
--- The insert (and what a delay means) is insert_executions_v2's, like every way of creating executions. No
--- row: the id is taken, or an unfinished execution of the queue holds the dedup key (find_enqueued says
--- which). A debounced enqueue returns the burst's pending execution (created or updated: created is true
--- either way). Kept to the insert alone, so that its plan is cached (an OR over optional keys in the same
--- statement made PostgreSQL plan it anew at every call).
+-- One execution, not debounced: the row insert_executions_v2 would write (the rules are the same, kept side by
+-- side with its first INSERT in migration 17; tests/test_enqueue_rows.py holds the two to the same rows), in
+-- one plain statement. The function's PL/pgSQL call, JSON round trip and table-function result cost about 35
+-- us of server CPU on an insert that itself takes about 130 (bench/costs.py, docs/benchmarks.md). No row: the
+-- id is taken, or an unfinished execution of the queue holds the dedup key (find_enqueued says which). The
+-- bells of the queue are rung as the function rings them, but only for a row that can be claimed now: a
+-- delayed one rings when the sweeper makes it due.
+WITH created AS (
+    INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                          wait_reason, timeout_seconds, dedup_key, concurrency_key, trace_context,
+                                          created_at, updated_at, tags)
+    SELECT %(id)s::text, %(name)s::text, %(queue)s::text, %(priority)s::int, %(input)s::jsonb,
+           %(max_recoveries)s::int, c.at + make_interval(secs => %(delay)s::float8),
+           CASE WHEN %(delay)s::float8 > 0 THEN 'waiting' ELSE 'enqueued' END,
+           CASE WHEN %(delay)s::float8 > 0 THEN 'delay' END,
+           %(timeout)s::float8, %(dedup_key)s::text, %(concurrency_key)s::text, nullif(%(trace)s::jsonb, 'null'),
+           c.at, c.at, nullif(nullif(%(tags)s::jsonb, 'null'), '{}')
+    FROM (SELECT clock_now() AS at) AS c
+    ON CONFLICT DO NOTHING
+    RETURNING e.id, e.name, e.queue, e.status
+)
+SELECT c.id, c.name, true AS created
+FROM created AS c
+LEFT JOIN LATERAL (SELECT ring_doorbells(ARRAY[c.queue])
+                   WHERE c.status = 'enqueued' AND EXISTS (SELECT FROM worker_doorbells WHERE armed)) AS rung ON true;
+
+-- name: enqueue_debounced
+-- One debounced execution, through insert_executions_v2 (which holds what a burst does): it returns the
+-- burst's pending execution, created or updated (created is true either way). Kept to the insert alone, so
+-- that its plan is cached (an OR over optional keys in the same statement made PostgreSQL plan it anew at
+-- every call).
 SELECT i.id, i.name, true AS created
 FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
     'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,

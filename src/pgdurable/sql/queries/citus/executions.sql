@@ -5,6 +5,17 @@
 -- (sql/citus/), whose routed statements each stay in one bucket. A block not overridden here is the
 -- single-node one: it either reads across shards without locks or calls a function the layout replaced.
 
+-- name: enqueue
+-- Through the layout's insert_executions_v2, which routes the row to its bucket (the single node's plain
+-- INSERT names no bucket).
+SELECT i.id, i.name, true AS created
+FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
+    'id', %(id)s::text, 'name', %(name)s::text, 'queue', %(queue)s::text, 'priority', %(priority)s::int,
+    'input', %(input)s::jsonb, 'max_recoveries', %(max_recoveries)s::int, 'delay_seconds', %(delay)s::float8,
+    'timeout_seconds', %(timeout)s::float8, 'dedup_key', %(dedup_key)s::text,
+    'concurrency_key', %(concurrency_key)s::text, 'trace_context', %(trace)s::jsonb,
+    'tags', %(tags)s::jsonb))) AS i;
+
 -- name: find_enqueued
 -- (Dedup keys are refused on Citus: only the id can have been taken.)
 SELECT id, name, false AS created FROM workflow_executions WHERE bucket = bucket_of(%(id)s) AND id = %(id)s;
