@@ -147,6 +147,61 @@ def test_a_broken_row_rule_is_named_in_the_error(db: psycopg.Connection[Any], st
     assert f'violates check constraint "{rule}"' in str(raised.value)
 
 
+_KEY = "k" * 200
+_LOW, _HIGH = "0001-01-02 00:00:00+00", "9999-12-30 00:00:00+00"
+
+
+@pytest.mark.parametrize(("column", "value", "rule"), [
+    # At the limits: the fast path (migration 30) takes them, as the rules do.
+    ("id", _KEY, None), ("id", "x", None), ("queue", "q" * 100, None), ("queue", "a.b:c-d_E9", None),
+    ("timeout_seconds", 315360000.0, None), ("timeout_seconds", 1e-9, None), ("available_at", _LOW, None),
+    ("available_at", _HIGH, None), ("deadline", _HIGH, None), ("debounce_deadline", _LOW, None),
+    ("concurrency_key", _KEY, None), ("dedup_key", "k", None), ("debounce_key", _KEY, None), ("tags", "{}", None),
+    ("status", "cancelled", None),
+    # Just past them: the rule-by-rule CASE names the rule.
+    ("id", _KEY + "k", "workflow_executions_id_check"), ("queue", "q" * 101, "workflow_executions_queue_check"),
+    ("queue", "", "workflow_executions_queue_check"), ("status", "paused", "workflow_executions_status_check"),
+    ("timeout_seconds", 315360000.001, "workflow_executions_timeout_seconds_range"),
+    ("timeout_seconds", 0.0, "workflow_executions_timeout_seconds_range"),
+    ("timeout_seconds", float("nan"), "workflow_executions_timeout_seconds_range"),
+    ("available_at", "0001-01-01 23:59:59+00", "workflow_executions_available_at_range"),
+    ("deadline", "9999-12-30 00:00:01+00", "workflow_executions_deadline_range"),
+    ("debounce_deadline", "infinity", "workflow_executions_debounce_deadline_range"),
+    ("concurrency_key", "", "workflow_executions_concurrency_key_check"),
+    ("dedup_key", _KEY + "k", "workflow_executions_dedup_key_check"),
+    ("debounce_key", "", "workflow_executions_debounce_key_check"),
+    ("tags", "null", "workflow_executions_tags_object"), ("tags", "[]", "workflow_executions_tags_object"),
+])
+def test_the_row_rules_hold_at_their_limits(db: psycopg.Connection[Any], column: str, value: Any,
+                                            rule: str | None) -> None:
+    """check_execution_row's one-expression fast path takes exactly the rows its rule-by-rule CASE takes:
+    each limit itself passes, and just past it the CASE names the broken rule."""
+    row: dict[str, Any] = {"id": "x", "queue": "q", "status": "enqueued", "owner_id": None, "lease_expires": None,
+                           "timeout_seconds": 30.0, "available_at": "2026-01-01 00:00:00+00", "deadline": None,
+                           "concurrency_key": None, "dedup_key": None, "debounce_key": None,
+                           "debounce_deadline": None, "tags": None, column: value}
+    call = ("SELECT check_execution_row(%(id)s, %(queue)s, %(status)s, %(owner_id)s, %(lease_expires)s::timestamptz, "
+            "%(timeout_seconds)s::float8, %(available_at)s::timestamptz, %(deadline)s::timestamptz, "
+            "%(concurrency_key)s, %(dedup_key)s, %(debounce_key)s, %(debounce_deadline)s::timestamptz, "
+            "%(tags)s::jsonb)")
+    if rule is None:
+        assert db.execute(call, row).fetchone() == (True,)
+        return
+    with pytest.raises(psycopg.errors.CheckViolation) as raised:
+        db.execute(call, row)
+    assert raised.value.diag.constraint_name == rule
+
+
+def test_a_running_row_needs_its_owner_and_lease_and_only_it_has_them(db: psycopg.Connection[Any]) -> None:
+    db.execute("INSERT INTO workflow_executions (id, name, status, owner_id, lease_expires) "
+               "VALUES ('r', 'job', 'running', 'w', now() + interval '1 minute')")
+    for statement in ["UPDATE workflow_executions SET lease_expires = NULL WHERE id = 'r'",
+                      "UPDATE workflow_executions SET status = 'enqueued' WHERE id = 'r'"]:
+        with pytest.raises(psycopg.errors.CheckViolation) as raised:
+            db.execute(statement)  # type: ignore[arg-type]
+        assert raised.value.diag.constraint_name == "workflow_executions_check"
+
+
 def test_upgrading_fails_bad_rows_clearly_and_the_queue_keeps_running(
         database_url: str, schema: str, owner: psycopg.Connection[Any], make_app: Callable[..., pgdurable.App],
         start_worker: Callable[..., Any]) -> None:

@@ -66,6 +66,23 @@ AS $$
 DECLARE
     broken text;
 BEGIN
+    -- Every rule at once first, as one small expression: what nearly every row takes. PL/pgSQL prepares an
+    -- expression again in each transaction that evaluates it, and the CASE below, named rule by rule, cost
+    -- every insert and update of the table about 15 us more than this one does (backend CPU, migration 30).
+    -- Only a row this does not pass (false or NULL) is looked at rule by rule, and the CASE decides.
+    IF length(id) BETWEEN 1 AND 200
+       AND queue ~ '^[A-Za-z0-9_.:-]{1,100}$'
+       AND status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')
+       AND (status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)
+       AND coalesce(timeout_seconds > 0 AND timeout_seconds <= 315360000, true)
+       -- least and greatest skip NULLs: every time given is within the range
+       AND coalesce(least(available_at, deadline, debounce_deadline) >= '0001-01-02 00:00:00+00'
+                    AND greatest(available_at, deadline, debounce_deadline) <= '9999-12-30 00:00:00+00', true)
+       AND coalesce(least(length(concurrency_key), length(dedup_key), length(debounce_key)) >= 1
+                    AND greatest(length(concurrency_key), length(dedup_key), length(debounce_key)) <= 200, true)
+       AND coalesce(jsonb_typeof(tags) = 'object', true) THEN
+        RETURN true;
+    END IF;
     -- As in a CHECK constraint, a rule that is NULL (a NULL column) holds.
     broken := CASE
         WHEN NOT coalesce(length(id) BETWEEN 1 AND 200, true) THEN 'workflow_executions_id_check'
