@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import uuid
 
@@ -43,3 +45,35 @@ def test_ids_of_one_millisecond_differ_in_their_random_bits(monkeypatch: pytest.
     assert len(made) == 20_000
     assert {millis_of(i) for i in made} == {1_796_000_000_000}
     assert {uuid.UUID(i).version for i in made} == {7}
+
+
+def test_threads_never_share_random_bits() -> None:
+    made: list[list[str]] = [[] for _ in range(8)]
+
+    def make(into: list[str]) -> None:
+        into.extend(ids.new_execution_id() for _ in range(5_000))
+
+    threads = [threading.Thread(target=make, args=(into,)) for into in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [i[14:] for into in made for i in into]  # the random part, after the milliseconds and version
+    assert len(set(every)) == len(every) == 40_000
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
+    ids.new_execution_id()  # the parent holds a block of random bytes, part used
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(reader)
+        os.write(writer, ",".join(ids.new_execution_id()[14:] for _ in range(100)).encode())
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        child = set(pipe.read().split(","))
+    os.waitpid(pid, 0)
+    parent = {ids.new_execution_id()[14:] for _ in range(100)}
+    assert len(child) == 100 and not child & parent
