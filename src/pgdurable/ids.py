@@ -19,7 +19,7 @@ _RANDOM_74 = (1 << 74) - 1
 # Random bytes are read from the operating system a block at a time, for 409 ids: os.urandom is a system call,
 # and one per id cost an enqueue about 5 us of client CPU on this project's benchmark machine (py-spy). Each
 # thread has its own block, so two threads never take the same bytes; a forked child drops what it
-# inherited (the parent goes on using the same bytes), by the generation counter below.
+# inherited (the parent goes on with the same block), by the generation counter below.
 _BLOCK = 10 * 409
 _generation = 0
 _local = threading.local()

@@ -2,13 +2,13 @@
 -- named placeholders. The connection's search_path is the pgdurable schema.
 
 -- name: enqueue
--- One execution, not debounced: the row insert_executions_v2 would write (the rules are the same, kept side by
--- side with its first INSERT in migration 17; tests/test_enqueue_rows.py holds the two to the same rows), in
--- one plain statement. The function's PL/pgSQL call, JSON round trip and table-function result cost about 35
--- us of server CPU on an insert that itself takes about 130 (bench/costs.py, docs/benchmarks.md). No row: the
--- id is taken, or an unfinished execution of the queue holds the dedup key (find_enqueued says which). The
--- bells of the queue are rung as the function rings them, but only for a row that can be claimed now: a
--- delayed one rings when the sweeper makes it due.
+-- One execution, not debounced: the row insert_executions_v2 would write (the rules of that function's first
+-- INSERT in sql/schema.sql; tests/test_enqueue_rows.py holds the two to the same rows), in one plain
+-- statement. The function's PL/pgSQL call, JSON round trip and table-function result cost about 35 us of
+-- server CPU on an insert that itself takes about 150 (docs/benchmarks.md, "One enqueue, one plain INSERT").
+-- No row: the id is taken, or an unfinished execution of the queue holds the dedup key (find_enqueued says
+-- which). The bells of the queue are rung as the function rings them, but only for a row that can be claimed
+-- now: a delayed one rings when the timer's UPDATE makes it due (notify_execution_change).
 WITH created AS (
     INSERT INTO workflow_executions AS e (id, name, queue, priority, input, max_recoveries, available_at, status,
                                           wait_reason, timeout_seconds, dedup_key, concurrency_key, trace_context,
