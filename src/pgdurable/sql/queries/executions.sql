@@ -410,6 +410,7 @@ WITH finished AS (
 SELECT id, attempt, NULL::int FROM done
 UNION ALL
 SELECT execution_id, recorded_by_attempt, step_id FROM recorded;
+
 -- name: heartbeat
 -- Extend the leases of the executions this worker is running; the rows returned are what it still owns.
 -- An execution it gave up on locally is left out, so its lease runs out and another worker retries it.
