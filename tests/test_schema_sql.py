@@ -215,8 +215,8 @@ def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, sc
     """PostgreSQL reads every CHECK expression of a table back from its stored text, and prepares it, for
     each statement that writes the table. workflow_executions (written by every enqueue, claim, heartbeat
     and completion) keeps the rules of one column as checks of that column's type (a domain, migration 31):
-    a new rule of one column belongs there, not in a constraint of the table, which holds only three small
-    ones (id and status, returned by functions as text, and the rule over several columns).
+    a new rule of one column belongs there, not in a constraint of the table, which holds only the one small
+    rule over several columns.
     operation_outputs (every step) has none. And the functions on the insert path stay PL/pgSQL (migrations
     24 and 26)."""
     migrate(database_url, schema)
@@ -226,15 +226,14 @@ def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, sc
                 "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c' ORDER BY 1",
                 (f'"{schema}".{table}',))]
 
-        assert checks("workflow_executions") == ["workflow_executions_check", "workflow_executions_id_check",
-                                                 "workflow_executions_status_check"]
+        assert checks("workflow_executions") == ["workflow_executions_check"]
         stored = conn.execute("SELECT sum(length(conbin::text)) FROM pg_constraint WHERE conrelid = %s::regclass",
                               (f'"{schema}".workflow_executions',)).fetchone()
-        assert stored is not None and stored[0] < 4000, stored  # three small expressions, no call
+        assert stored is not None and stored[0] < 1500, stored  # one small expression, no call
         domain_rules = [row[0] for row in conn.execute(
             "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.atttypid = c.contypid "
             "WHERE a.attrelid = %s::regclass AND a.attnum > 0 ORDER BY 1", (f'"{schema}".workflow_executions',))]
-        assert len(domain_rules) == 9 and all(rule.startswith("workflow_executions_") for rule in domain_rules)
+        assert len(domain_rules) == 11 and all(rule.startswith("workflow_executions_") for rule in domain_rules)
         assert checks("operation_outputs") == []
         # Called once per enqueue, or per row a bound table writes: a pinned SQL function would be planned
         # again by every calling statement.

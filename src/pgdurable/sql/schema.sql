@@ -47,17 +47,19 @@ CREATE TABLE schema_migrations (
 
 -- == Executions ========================================================================================
 
--- Most rules of a row of workflow_executions are checks of its columns' types (domains): PostgreSQL keeps a
--- domain's checks prepared in each session and checks only the values a statement writes (a claim checks the
--- lease it sets). A table's CHECK constraints are read back from their stored text and prepared for every
--- statement that writes the table; a PL/pgSQL function checking every rule (migrations 25 to 30) cost each
--- enqueue about 30 us of server time (docs/benchmarks.md, "The row rules as domains"). The rules of id and
--- status, which functions return as text (RETURN QUERY takes no domain where its result says text), and the
--- rule over several columns stay small CHECK constraints of the table (below it). A broken rule raises
--- SQLSTATE 23514 naming its constraint. All are NOT VALID as migration 31 added them (without scanning the
--- rows stored, which the earlier constraint held to the same rules); a NULL value passes, as in a CHECK
--- constraint. (A schema with the Citus layout keeps one table constraint per rule: see its version 25.)
+-- The rules of a row of workflow_executions that read one column are checks of that column's type, a domain:
+-- PostgreSQL keeps a domain's checks prepared in each session and checks only the values a statement writes
+-- (a claim checks the status it sets, not the keys it leaves alone). A table's CHECK constraints are read back
+-- from their stored text and prepared for every statement that writes the table; a PL/pgSQL function checking
+-- every rule (migrations 25 to 30) cost each enqueue about 30 us of server time, and so did three small CHECK
+-- constraints (docs/benchmarks.md, "The row rules as domains"). A broken rule raises SQLSTATE 23514 naming
+-- its constraint. All are NOT VALID as migration 31 added them (without scanning the rows stored, which the
+-- earlier constraint held to the same rules); a NULL value passes, as in a CHECK constraint. A function that
+-- returns one of these columns as text says so (e.id::text): RETURN QUERY takes no domain where its result
+-- says text. (A schema with the Citus layout keeps one table constraint per rule: see its version 25.)
+CREATE DOMAIN execution_id AS text;
 CREATE DOMAIN execution_queue AS text;
+CREATE DOMAIN execution_status AS text;
 CREATE DOMAIN execution_timeout AS double precision;
 CREATE DOMAIN execution_available_at AS timestamptz;
 CREATE DOMAIN execution_deadline AS timestamptz;
@@ -66,8 +68,12 @@ CREATE DOMAIN execution_concurrency_key AS text;
 CREATE DOMAIN execution_dedup_key AS text;
 CREATE DOMAIN execution_debounce_key AS text;
 CREATE DOMAIN execution_tags AS jsonb;
+ALTER DOMAIN execution_id ADD CONSTRAINT workflow_executions_id_check
+    CHECK (length(VALUE) BETWEEN 1 AND 200) NOT VALID;
 ALTER DOMAIN execution_queue ADD CONSTRAINT workflow_executions_queue_check
     CHECK (VALUE ~ '^[A-Za-z0-9_.:-]{1,100}$') NOT VALID;
+ALTER DOMAIN execution_status ADD CONSTRAINT workflow_executions_status_check
+    CHECK (VALUE IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')) NOT VALID;
 -- Time limits: a timeout of at most 10 years; stored times a client can load (the years 1 to 9999, with a
 -- day of margin for time zones). One bad row must never break the claim of its whole queue.
 ALTER DOMAIN execution_timeout ADD CONSTRAINT workflow_executions_timeout_seconds_range
@@ -96,10 +102,10 @@ ALTER DOMAIN execution_tags ADD CONSTRAINT workflow_executions_tags_object
 -- execution that holds no worker slot (a delayed start, a durable sleep, a receive, children).
 CREATE TABLE workflow_executions (
     -- Caller-chosen ids are idempotency keys. Ids beginning with "sched:" are reserved for schedule ticks.
-    id              text        PRIMARY KEY,
+    id              execution_id PRIMARY KEY,
     name            text        NOT NULL,
     queue           execution_queue NOT NULL DEFAULT 'default',
-    status          text        NOT NULL DEFAULT 'enqueued',
+    status          execution_status NOT NULL DEFAULT 'enqueued',
     priority        integer     NOT NULL DEFAULT 0,
     -- Enqueue order, the tiebreaker after priority (many rows share one created_at: a bulk enqueue's
     -- transaction time).
@@ -175,14 +181,11 @@ CREATE TABLE workflow_executions (
     vacuum_index_cleanup = on
 );
 
--- The rules of the table itself (those of other columns are their types', above); NOT VALID as migration 31
--- added them (CREATE TABLE would mark them validated). An owner and a lease exactly while running.
-ALTER TABLE workflow_executions
-    ADD CONSTRAINT workflow_executions_id_check CHECK (length(id) BETWEEN 1 AND 200) NOT VALID,
-    ADD CONSTRAINT workflow_executions_status_check
-        CHECK (status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')) NOT VALID,
-    ADD CONSTRAINT workflow_executions_check
-        CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)) NOT VALID;
+-- The one rule over several columns, a CHECK of the table (those of one column are its types', above): an
+-- owner and a lease exactly while running. NOT VALID as migration 31 added it (CREATE TABLE would mark it
+-- validated).
+ALTER TABLE workflow_executions ADD CONSTRAINT workflow_executions_check
+    CHECK ((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)) NOT VALID;
 
 -- The claim path: the most urgent, then oldest, enqueued executions of a queue. Partial, so finished and
 -- waiting executions (however many) never slow a claim down.
@@ -795,7 +798,7 @@ BEGIN
         ORDER BY p.ordinality
     ) AS s
     ON CONFLICT DO NOTHING
-    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    RETURNING e.id::text, e.name, e.status::text, e.attempt, e.input;
     GET DIAGNOSTICS created = ROW_COUNT;
     -- Wake the workers sleeping on these queues (doorbells): most of the time none sleeps (busy workers claim
     -- again on their own), and one cheap look is all this costs.
@@ -845,7 +848,7 @@ BEGIN
         status = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'waiting' ELSE 'enqueued' END,
         wait_reason = CASE WHEN least(EXCLUDED.available_at, e.debounce_deadline) > at THEN 'delay' END,
         updated_at = at
-    RETURNING e.id, e.name, e.status, e.attempt, e.input;
+    RETURNING e.id::text, e.name, e.status::text, e.attempt, e.input;
     GET DIAGNOSTICS debounced = ROW_COUNT;
     IF raise_on_conflict AND created + debounced < jsonb_array_length(rows) THEN
         RAISE EXCEPTION 'duplicate key value violates unique constraint "workflow_executions_pkey"'
@@ -1341,7 +1344,7 @@ BEGIN
         FROM numbered
         WHERE s.queue = queue_name AND s.kind = 'rate' AND s.slot = rate_slots[numbered.n]
     )
-    SELECT numbered.id, numbered.name, numbered.attempt, numbered.input, at,
+    SELECT numbered.id::text, numbered.name, numbered.attempt, numbered.input, at,
            numbered.attempt > 1 OR numbered.forked_from IS NOT NULL,
            chosen_versions[array_position(chosen, numbered.id)]
     FROM numbered;
