@@ -22,6 +22,7 @@ from psycopg.rows import BaseRowFactory, tuple_row
 
 from ..errors import SchemaNotInstalled
 from ..sqlfiles import query, schema_sql
+from .prepared import NOT_PREPARED, Statements
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -54,12 +55,20 @@ class OwnConnection(psycopg.Connection[Any]):
     and the writer do. The application's connections (transactional steps, co-located enqueues) stay plain."""
 
     _statements: psycopg.Cursor[Any] | None = None
+    _named: Statements | None = None  # (psycopg's own Connection has a _prepared)
 
     def statements(self) -> psycopg.Cursor[Any]:
         cursor = self._statements
         if cursor is None or cursor.closed:
             cursor = self._statements = self.cursor()
         return cursor
+
+    def named(self) -> Statements:
+        """Its named queries as prepared statements sent through libpq (store/prepared.py)."""
+        found = self._named
+        if found is None:
+            found = self._named = Statements(self)
+        return found
 
 
 class AsyncOwnConnection(psycopg.AsyncConnection[Any]):
@@ -77,6 +86,13 @@ class AsyncOwnConnection(psycopg.AsyncConnection[Any]):
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
     with _schema_errors(conn, call):
         if isinstance(conn, OwnConnection):
+            if call.schema is None:
+                citus = conn in _citus
+                prepared = conn.named()
+                if prepared.usable(call.name, citus):
+                    result = prepared.run(call.name, citus, call.params, call.read, call.row_factory)
+                    if result is not NOT_PREPARED:
+                        return result  # type: ignore[no-any-return]
             cursor = conn.statements()
             _use_rows(cursor, call.row_factory)
             cursor.execute(_statement(call, conn), call.params)

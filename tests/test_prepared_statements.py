@@ -1,0 +1,152 @@
+"""Named queries run through libpq (store/prepared.py) by pgdurable's own connections off the main thread: the
+same rows and the same errors as through a cursor, prepared once per connection and again after a
+DEALLOCATE, never on the main thread nor inside a transaction."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgdurable
+from pgdurable import monitoring, schedules, store
+from pgdurable.sqlfiles import queries
+from pgdurable.store.prepared import converted
+
+T = TypeVar("T")
+_T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def off_main(fn: Callable[[], T]) -> T:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(timeout=60)
+
+
+@pytest.fixture
+def own(database_url: str, schema: str, app: pgdurable.App) -> Iterator[store.calls.OwnConnection]:
+    app.migrate()
+    with store.calls.OwnConnection.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        yield conn
+
+
+def _prepared_names(conn: psycopg.Connection[Any]) -> list[str]:
+    return [row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgdurable_%' "
+                                           "ORDER BY prepare_time, name")]
+
+
+def test_reads_give_the_same_rows_through_libpq_as_through_a_cursor(
+        app: pgdurable.App, own: store.calls.OwnConnection, start_worker: Callable[..., Any]) -> None:
+    @app.step()
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @app.workflow(name="sums")
+    def sums(n: int) -> dict[str, Any]:
+        return {"total": add(n, 1), "text": "é\u202e", "none": None}
+
+    start_worker(app)
+    handles = [app.enqueue(sums, i, tags={"k": str(i)}, timeout_seconds=60.0) for i in range(3)]
+    assert [h.result(timeout=30)["total"] for h in handles] == [1, 2, 3]
+    app.enqueue(sums, 9, delay=3600.0, dedup_key="later")
+    some = handles[0].workflow_id
+    calls: list[store.Call[Any]] = [
+        store.executions.get_execution(some), store.executions.get_execution("nobody"),
+        store.executions.list_executions(status=None, name=None, queue=None, limit=10),
+        store.checkpoints.list_steps(some), store.queues.queue_depths(), store.queues.queue_policies(None),
+        monitoring.list_page(monitoring.ListFilter()), monitoring.list_page(monitoring.ListFilter(),
+                                                                            older_than=(_T, "x")),
+        monitoring.execution(some), monitoring.steps(some), monitoring.queues(), monitoring.outcomes(),
+        monitoring.workers(), schedules.list_schedules(), store.executions.names_of([some, "nobody"]),
+        store.Call("database_now", {}, lambda rows: type(rows[0][0])),
+    ]
+    for call in calls:
+        by_cursor = store.run(own, call)  # this thread is the main thread: a cursor
+        by_libpq = off_main(lambda call=call: store.run(own, call))  # type: ignore[misc]
+        if call.name in ("queues", "workers"):  # ages and heartbeats move between the two reads
+            assert type(by_cursor) is type(by_libpq) and len(by_cursor) == len(by_libpq), call.name
+            continue
+        assert by_libpq == by_cursor, call.name
+    assert {name.split("_", 2)[2] for name in _prepared_names(own)} == {call.name for call in calls}
+
+
+def test_writes_and_their_refusals_through_libpq(own: store.calls.OwnConnection) -> None:
+    """A step checkpoint written from a thread (as a workflow thread leads its batch): the rows it returns,
+    a large output, and the server's refusal of a value raised as the same psycopg error a cursor raises."""
+    off_main(lambda: store.run(own, store.executions.enqueue(id="w1", name="w", queue="q", priority=0,
+                                                             input="{}", max_recoveries=1, delay=0.0)))
+    own.execute("UPDATE workflow_executions SET status = 'running', owner_id = 'me', attempt = 1, "
+                "lease_expires = now() + interval '1 hour' WHERE id = 'w1'")
+    big = json.dumps({"blob": "x" * 6_000_000})
+
+    def step(step_id: int, output: str | None) -> Any:
+        return store.checkpoints.write_step("w1", 1, step_id, "s", 1, _T, output, None)
+
+    assert off_main(lambda: store.run(own, step(0, big))) == {("w1", 1, 0)}
+    assert off_main(lambda: store.run(own, step(0, '"again"'))) == set()  # recorded once
+    assert off_main(lambda: store.run(own, step(1, None))) == {("w1", 1, 1)}
+    assert own.execute("SELECT length(output::text) FROM operation_outputs WHERE step_id = 0").fetchone() == (
+        len(big),)
+    errors = []
+    for run in (lambda c: store.run(own, c), lambda c: off_main(lambda: store.run(own, c))):
+        with pytest.raises(psycopg.Error) as raised:
+            run(step(2, "not json"))
+        errors.append((type(raised.value), raised.value.sqlstate))
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            run(store.executions.enqueue(id="w2", name="w", queue="no spaces", priority=0, input="{}",
+                                         max_recoveries=1, delay=0.0))
+        assert refused.value.diag.constraint_name == "workflow_executions_queue_check"
+    assert errors[0] == errors[1] == (psycopg.errors.InvalidTextRepresentation, "22P02")
+    # The connection goes on after the errors.
+    assert off_main(lambda: store.run(own, step(2, "2"))) == {("w1", 1, 2)}
+
+
+def test_a_deallocated_statement_is_prepared_again(own: store.calls.OwnConnection) -> None:
+    call = store.executions.get_execution("nobody")
+    assert off_main(lambda: store.run(own, call)) is None
+    first = _prepared_names(own)
+    own.execute("DEALLOCATE ALL")
+    assert off_main(lambda: store.run(own, call)) is None
+    again = _prepared_names(own)
+    assert len(first) == len(again) == 1 and first != again  # a new name: names are never reused
+
+
+def test_the_main_thread_and_transactions_keep_the_cursor(own: store.calls.OwnConnection) -> None:
+    call = store.executions.get_execution("nobody")
+    store.run(own, call)
+    assert _prepared_names(own) == []  # the main thread: psycopg's interruptible wait
+
+    def in_transaction() -> None:
+        with own.transaction():
+            store.run(own, call)
+
+    off_main(in_transaction)
+    assert _prepared_names(own) == []
+
+
+def test_every_named_query_of_a_single_node_schema_prepares_untyped(own: store.calls.OwnConnection) -> None:
+    """The server types every parameter from its cast or its place (none is left to psycopg's types), so no
+    named query falls back to a cursor. The exceptions: the Citus layout's queries (their functions and
+    columns exist on a Citus schema only) and those run on the application's connection ({schema})."""
+    refused = []
+    for i, name in enumerate(sorted(queries())):
+        result = own.pgconn.prepare(f"untyped_{i}".encode(), converted(name, False).text)
+        if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+            refused.append(name)
+    assert refused == ["citus_buckets_of", "citus_cleanup_bucket", "citus_expire_bucket",
+                       "citus_fail_unrunnable_bucket", "citus_sweep_bucket", "citus_wake_bucket", "claimable_buckets",
+                       "enqueue_in_transaction", "send_message_in_transaction"]
+
+
+def test_placeholders_become_numbered_parameters() -> None:
+    form = converted("write_step", False)
+    assert form.names == ("step_id", "step_name", "error", "output", "tries", "started_at", "execution_id", "attempt")
+    assert b"%(" not in form.text and b"$8::int" in form.text and form.text.count(b"$3::jsonb") == 2
+    fail_lost = converted("sweep_expired", False)
+    assert b"%%" not in fail_lost.text and b"lost %s times" in fail_lost.text
