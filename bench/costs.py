@@ -5,6 +5,9 @@ a noisy machine moves both (the medians over rounds are reported):
 
   enqueue       app.enqueue one at a time (one client, a queue no worker serves), ms per call, against
                 pgbench's one-row INSERT commit at one client (``ck``: id, uuid, step, jsonb; the floor).
+                Also from a thread other than the main one (``enqueue_thread``), as a web framework's worker
+                thread calls it: there pgdurable's connections run their statements through libpq
+                (store/prepared.py), where the main thread keeps psycopg's interruptible wait.
   driver        the floor's INSERT sent from this process by psycopg (prepared, autocommit, one cursor), ms
                 per call: what any Python client pays before an engine does anything. Enqueue and
                 checkpoint are also given as ratios to it (a Python engine's share of the cost).
@@ -223,6 +226,24 @@ def light_load_round_trips(args: argparse.Namespace, app: Any, schema: str) -> t
     return sorted(took), sorted(after_commit)
 
 
+
+def enqueue_loop(app: Any, job: Any, calls: int) -> float:
+    """ms per app.enqueue, one at a time."""
+    started = time.perf_counter()
+    for i in range(calls):
+        app.enqueue(job, i, queue=IDLE_QUEUE)
+    return (time.perf_counter() - started) * 1000 / calls
+
+
+def in_a_thread(fn: Any) -> float:
+    """``fn()`` run on a thread other than the main one: pgdurable's own connections run their statements
+    through libpq there (store/prepared.py), where the main thread keeps psycopg's interruptible wait."""
+    found: list[float] = []
+    thread = threading.Thread(target=lambda: found.append(fn()))
+    thread.start()
+    thread.join()
+    return found[0]
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -253,8 +274,8 @@ def main() -> None:
                         f"SELECT {qualified}.enqueue_workflow('job', '{{\"i\": 1}}', '{IDLE_QUEUE}');\n")
     job = bench.flows["sync"]["job"]
     many_steps = bench.flows["sync"]["many"]
-    rows: dict[str, list[float]] = {"floor_ms": [], "driver_ms": [], "enqueue_ms": [], "sql_enqueue_ms": [],
-                                    "step_ms": []}
+    rows: dict[str, list[float]] = {"floor_ms": [], "driver_ms": [], "enqueue_ms": [], "enqueue_thread_ms": [],
+                                    "sql_enqueue_ms": [], "step_ms": []}
     contention: dict[int, list[tuple[float, float, float]]] = {c: [] for c in clients}  # tps of each of SIDES
     rings: dict[int, list[float]] = {c: [] for c in clients}  # wake-ups a second on the "with" side
     looks: dict[int, list[float]] = {c: [] for c in clients}  # and the sleeper's claims (looks) a second
@@ -263,10 +284,8 @@ def main() -> None:
         for round_ in range(1, args.rounds + 1):
             rows["floor_ms"].append(1000 / pgbench(args.url, floor, 1, args.seconds))
             rows["driver_ms"].append(driver_floor(args.url, args.calls))
-            started = time.perf_counter()
-            for i in range(args.calls):
-                app.enqueue(job, i, queue=IDLE_QUEUE)
-            rows["enqueue_ms"].append((time.perf_counter() - started) * 1000 / args.calls)
+            rows["enqueue_ms"].append(enqueue_loop(app, job, args.calls))
+            rows["enqueue_thread_ms"].append(in_a_thread(lambda: enqueue_loop(app, job, args.calls)))
             rows["sql_enqueue_ms"].append(1000 / pgbench(args.url, enqueue_sql, 1, args.seconds))
             started = time.perf_counter()
             app.start(many_steps, args.steps).result()
@@ -292,7 +311,8 @@ def main() -> None:
                 contention[c].append((tps["with"], tps["polling"], tps["without"]))
             floor_ms = rows["floor_ms"][-1]
             print(f"round {round_}: floor {floor_ms:.3f} ms; from psycopg {rows['driver_ms'][-1] / floor_ms:.2f}x; "
-                  f"enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x; "
+                  f"enqueue {rows['enqueue_ms'][-1] / floor_ms:.2f}x "
+                  f"({rows['enqueue_thread_ms'][-1] / floor_ms:.2f}x from a thread); "
                   f"SQL enqueue {rows['sql_enqueue_ms'][-1] / floor_ms:.2f}x; "
                   f"step {rows['step_ms'][-1] / floor_ms:.2f}x" + (f"; contention ({sides[0]} first; with wake-ups"
                   " ÷ no worker, ÷ a polling worker) " if clients else "") + ", ".join(
@@ -315,6 +335,8 @@ def main() -> None:
         "driver_ms": statistics.median(rows["driver_ms"]), "driver_ratio": ratio("driver_ms"),
         "enqueue_to_driver": ratio("enqueue_ms", "driver_ms"), "step_to_driver": ratio("step_ms", "driver_ms"),
         "enqueue_ms": statistics.median(rows["enqueue_ms"]), "enqueue_ratio": ratio("enqueue_ms"),
+        "enqueue_thread_ms": statistics.median(rows["enqueue_thread_ms"]),
+        "enqueue_thread_ratio": ratio("enqueue_thread_ms"),
         "sql_enqueue_ms": statistics.median(rows["sql_enqueue_ms"]), "sql_enqueue_ratio": ratio("sql_enqueue_ms"),
         "step_ms": statistics.median(rows["step_ms"]), "step_ratio": ratio("step_ms"),
         "contention": {str(c): {"with_tps": statistics.median(w for w, _, _ in sides),
@@ -335,6 +357,8 @@ def main() -> None:
     print(f"  the same INSERT from psycopg (prepared): {summary['driver_ms']:.3f} ms = {summary['driver_ratio']:.2f}x")
     print(f"  app.enqueue, one at a time:              {summary['enqueue_ms']:.3f} ms = "
           f"{summary['enqueue_ratio']:.2f}x (target <= 1.5x); {summary['enqueue_to_driver']:.2f}x the psycopg INSERT")
+    print(f"  app.enqueue, from a thread (as a web framework's worker thread calls it): "
+          f"{summary['enqueue_thread_ms']:.3f} ms = {summary['enqueue_thread_ratio']:.2f}x")
     print(f"  SELECT enqueue_workflow(), 1 client:     {summary['sql_enqueue_ms']:.3f} ms = "
           f"{summary['sql_enqueue_ratio']:.2f}x")
     print(f"  sequential step checkpoint:              {summary['step_ms']:.3f} ms = "
