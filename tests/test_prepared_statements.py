@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -107,6 +109,26 @@ def test_writes_and_their_refusals_through_libpq(own: store.calls.OwnConnection)
     assert off_main(lambda: store.run(own, step(2, "2"))) == {("w1", 1, 2)}
 
 
+@pytest.mark.parametrize("how", ["terminated", "cut"])
+def test_a_lost_connection_raises_an_operational_error(database_url: str, schema: str, app: pgdurable.App,
+                                                       how: str) -> None:
+    """As a cursor's: the writer and the pools take it for a connection to replace. Terminated by the server
+    (an error with a SQLSTATE), or cut (none: libpq only sees the socket closed)."""
+    app.migrate()
+    call = store.executions.get_execution("nobody")
+    with store.calls.OwnConnection.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        assert off_main(lambda: store.run(conn, call)) is None
+        if how == "terminated":
+            with psycopg.connect(database_url, autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        else:
+            socket.socket(fileno=os.dup(conn.pgconn.socket)).shutdown(socket.SHUT_RDWR)
+        with pytest.raises(psycopg.OperationalError):
+            off_main(lambda: store.run(conn, call))
+        assert conn.broken
+
+
 def test_a_deallocated_statement_is_prepared_again(own: store.calls.OwnConnection) -> None:
     call = store.executions.get_execution("nobody")
     assert off_main(lambda: store.run(own, call)) is None
@@ -115,6 +137,17 @@ def test_a_deallocated_statement_is_prepared_again(own: store.calls.OwnConnectio
     assert off_main(lambda: store.run(own, call)) is None
     again = _prepared_names(own)
     assert len(first) == len(again) == 1 and first != again  # a new name: names are never reused
+
+
+def test_a_statement_whose_result_a_migration_changed_is_prepared_again(own: store.calls.OwnConnection) -> None:
+    """A migration that changes the type of a column a prepared statement returns makes the server refuse the
+    statement at every execution ("cached plan must not change result type"), before running it: pgdurable's
+    own connections prepare it again instead of failing until restarted."""
+    call = store.executions.get_execution("nobody")
+    assert off_main(lambda: store.run(own, call)) is None
+    own.execute("ALTER TABLE workflow_executions ALTER COLUMN forked_from TYPE varchar(200)")
+    assert off_main(lambda: store.run(own, call)) is None
+    assert len(_prepared_names(own)) == 1
 
 
 def test_the_main_thread_and_transactions_keep_the_cursor(own: store.calls.OwnConnection) -> None:

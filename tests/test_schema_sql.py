@@ -63,11 +63,6 @@ _CATALOG = [
               pg_get_functiondef(p.oid) || E'\\n-- acl ' || coalesce(p.proacl::text, '-')
        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
        WHERE n.nspname = %(schema)s""",
-    # A domain's checks (workflow_executions' row rules, migration 31): conrelid is 0 for them.
-    """SELECT 'domain constraint', t.typname || '.' || c.conname,
-              format_type(t.typbasetype, t.typtypmod) || ' ' || c.contype::text || ' ' || pg_get_constraintdef(c.oid)
-       FROM pg_constraint c JOIN pg_type t ON t.oid = c.contypid JOIN pg_namespace n ON n.oid = t.typnamespace
-       WHERE n.nspname = %(schema)s""",
     """SELECT 'type', t.typname, t.typtype::text
        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
        WHERE n.nspname = %(schema)s AND t.typrelid = 0 AND t.typcategory <> 'A'""",
@@ -214,11 +209,9 @@ def test_executions_are_created_only_through_the_insert_function() -> None:
 def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, schema: str) -> None:
     """PostgreSQL reads every CHECK expression of a table back from its stored text, and prepares it, for
     each statement that writes the table. workflow_executions (written by every enqueue, claim, heartbeat
-    and completion) keeps the rules of one column as checks of that column's type (a domain, migration 31):
-    a new rule of one column belongs there, not in a constraint of the table, which holds only the one small
-    rule over several columns.
-    operation_outputs (every step) has none. And the functions on the insert path stay PL/pgSQL (migrations
-    24 and 26)."""
+    and completion) keeps its rules in one constraint calling check_execution_row (migration 25): a new rule
+    belongs there, not in a constraint of its own. operation_outputs (every step) has none. And the functions
+    on the insert path stay PL/pgSQL (migrations 24 and 26)."""
     migrate(database_url, schema)
     with psycopg.connect(database_url, autocommit=True) as conn:
         def checks(table: str) -> list[str]:
@@ -226,14 +219,7 @@ def test_the_hot_tables_keep_their_check_expressions_cheap(database_url: str, sc
                 "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c' ORDER BY 1",
                 (f'"{schema}".{table}',))]
 
-        assert checks("workflow_executions") == ["workflow_executions_check"]
-        stored = conn.execute("SELECT sum(length(conbin::text)) FROM pg_constraint WHERE conrelid = %s::regclass",
-                              (f'"{schema}".workflow_executions',)).fetchone()
-        assert stored is not None and stored[0] < 1500, stored  # one small expression, no call
-        domain_rules = [row[0] for row in conn.execute(
-            "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.atttypid = c.contypid "
-            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 ORDER BY 1", (f'"{schema}".workflow_executions',))]
-        assert len(domain_rules) == 11 and all(rule.startswith("workflow_executions_") for rule in domain_rules)
+        assert checks("workflow_executions") == ["workflow_executions_row_rules"]
         assert checks("operation_outputs") == []
         # Called once per enqueue, or per row a bound table writes: a pinned SQL function would be planned
         # again by every calling statement.

@@ -11,7 +11,8 @@ the parameters as text, dumped by psycopg's adapters, waits in libpq with the GI
 rows with psycopg's loaders and the call's row factory. libpq's wait cannot be interrupted, so the main
 thread keeps psycopg's (Ctrl-C cancels a statement that waits on a lock or a server gone), and so does a
 statement inside a transaction (one the server refused to prepare would abort it). A query the server cannot
-prepare untyped goes on through a cursor.
+prepare untyped goes on through a cursor. A statement deallocated behind pgdurable's back, or whose result
+columns a migration changed (which the server refuses before running it), is prepared again, once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from functools import cache
 from typing import Any
 
 import psycopg
-from psycopg import errors, pq
+from psycopg import errors, pq, sql
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.rows import BaseRowFactory
 
@@ -95,9 +96,14 @@ class Statements:
             values = self._tx.dump_sequence([params[n] for n in form.names], [PyFormat.TEXT] * len(form.names))
             try:
                 result = self._execute(statement, values)
-            except _GONE:  # deallocated behind our back: prepare again, once
-                self._prepared.clear()
-                statement = self._prepare(name, citus)
+            except (_GONE, errors.FeatureNotSupported) as exc:
+                if isinstance(exc, _GONE):  # deallocated behind our back (DEALLOCATE ALL, DISCARD ALL)
+                    self._prepared.clear()
+                elif _replanned(exc):  # refused before it ran: a migration changed a column it returns
+                    self._deallocate(name, citus)
+                else:
+                    raise
+                statement = self._prepare(name, citus)  # prepared again, once
                 if statement is None:
                     return NOT_PREPARED
                 result = self._execute(statement, values)
@@ -123,15 +129,33 @@ class Statements:
         self._prepared[(name, citus)] = statement
         return statement
 
-    def _execute(self, statement: bytes, values: Any) -> pq.abc.PGresult:
-        result = self._conn.pgconn.exec_prepared(statement, values)  # the GIL is released while it waits
+    def _deallocate(self, name: str, citus: bool) -> None:
+        statement = self._prepared.pop((name, citus))
+        command = sql.SQL("DEALLOCATE {}").format(sql.Identifier(statement.decode()))
+        result = self._conn.pgconn.exec_(command.as_bytes(self._conn))
         if result.status == pq.ExecStatus.FATAL_ERROR:
             raise errors.error_from_result(result, encoding=self._conn.info.encoding)
+
+    def _execute(self, statement: bytes, values: Any) -> pq.abc.PGresult:
+        pgconn = self._conn.pgconn
+        result = pgconn.exec_prepared(statement, values)  # the GIL is released while it waits
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            error = errors.error_from_result(result, encoding=self._conn.info.encoding)
+            if pgconn.status == pq.ConnStatus.BAD and not isinstance(error, psycopg.OperationalError):
+                # The connection was lost with no SQLSTATE (a server gone, a network cut): an OperationalError,
+                # as a cursor raises, which the writer and the pools take for a connection to replace.
+                raise psycopg.OperationalError(str(error) or "the connection to the server was lost") from error
+            raise error
         return result
 
 
 NOT_PREPARED = object()
 _MAIN = threading.main_thread()
+
+
+def _replanned(exc: BaseException) -> bool:
+    """A prepared statement whose result columns a DDL statement changed since it was prepared."""
+    return "cached plan must not change result type" in str(exc)
 
 
 class _Rows:

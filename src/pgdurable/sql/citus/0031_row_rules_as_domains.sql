@@ -1,5 +1,0 @@
--- The Citus layout, version 31 (recorded in schema_migrations as 10031): nothing to do on the cluster.
---
--- The single-node migration of this number makes the rules of a workflow_executions row the checks of its
--- columns' types (domains). A schema with this layout keeps one CHECK constraint per rule on its distributed
--- table (see the layout's version 25): the single-node migration leaves it as it is.
