@@ -116,5 +116,10 @@ def transient(exc: BaseException) -> bool:
     node failing) rather than anything about the statement or its data."""
     if isinstance(exc, psycopg.OperationalError):
         return True
+    if type(exc) is psycopg.DatabaseError and exc.sqlstate is None:
+        # An error result of libpq's own, with no SQLSTATE (the server's errors always have one): psycopg
+        # raises it as a plain DatabaseError when the connection is lost while a statement runs (a server
+        # restarted with -m immediate, seen by a result wait in the fault-injection test).
+        return True
     text = str(exc).lower()
     return isinstance(exc, psycopg.errors.InternalError_) and any(hint in text for hint in _CITUS_NODE_LOST)

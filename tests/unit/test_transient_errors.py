@@ -14,6 +14,13 @@ def test_the_clients_own_lost_connection_is_retried() -> None:
     assert transient(psycopg.errors.AdminShutdown("terminating connection due to administrator command"))
 
 
+def test_a_connection_lost_while_a_statement_runs_is_retried() -> None:
+    # psycopg's class for an error result of libpq's own (no SQLSTATE): the server gone mid-statement
+    assert transient(psycopg.DatabaseError("server closed the connection unexpectedly\n\tThis probably means "
+                                           "the server terminated abnormally"))
+    assert not transient(psycopg.DataError("invalid input syntax"))  # no SQLSTATE either, but about the data
+
+
 def test_a_citus_worker_node_lost_by_the_coordinator_is_retried() -> None:
     # what a result wait got while noderestart had a worker node down (tests/test_citus_chaos.py)
     assert transient(psycopg.errors.InternalError_("failure on connection marked as essential: "

@@ -132,21 +132,21 @@ class Statements:
     def _deallocate(self, name: str, citus: bool) -> None:
         statement = self._prepared.pop((name, citus))
         command = sql.SQL("DEALLOCATE {}").format(sql.Identifier(statement.decode()))
-        result = self._conn.pgconn.exec_(command.as_bytes(self._conn))
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise errors.error_from_result(result, encoding=self._conn.info.encoding)
+        self._check(self._conn.pgconn.exec_(command.as_bytes(self._conn)))
 
     def _execute(self, statement: bytes, values: Any) -> pq.abc.PGresult:
-        pgconn = self._conn.pgconn
-        result = pgconn.exec_prepared(statement, values)  # the GIL is released while it waits
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            error = errors.error_from_result(result, encoding=self._conn.info.encoding)
-            if pgconn.status == pq.ConnStatus.BAD and not isinstance(error, psycopg.OperationalError):
-                # The connection was lost with no SQLSTATE (a server gone, a network cut): an OperationalError,
-                # as a cursor raises, which the writer and the pools take for a connection to replace.
-                raise psycopg.OperationalError(str(error) or "the connection to the server was lost") from error
-            raise error
-        return result
+        return self._check(self._conn.pgconn.exec_prepared(statement, values))  # the GIL released as it waits
+
+    def _check(self, result: pq.abc.PGresult) -> pq.abc.PGresult:
+        if result.status != pq.ExecStatus.FATAL_ERROR:
+            return result
+        error = errors.error_from_result(result, encoding=self._conn.info.encoding)
+        if result.error_field(pq.DiagnosticField.SQLSTATE) is None:
+            # libpq's own error, not the server's (which always has a SQLSTATE): the connection was lost (a
+            # server gone, a network cut). An OperationalError, which the writer and the pools take for a
+            # connection to replace and the waits for something to try again.
+            raise psycopg.OperationalError(str(error) or "the connection to the server was lost") from error
+        raise error
 
 
 NOT_PREPARED = object()
