@@ -48,11 +48,13 @@ def _statement(call: Call[Any], conn: Any = None) -> Any:
 
 
 class OwnConnection(psycopg.Connection[Any]):
-    """A connection of pgdurable's own (its pools', the worker's writer's and listeners'): ``run`` executes all
-    its statements on one cursor, made once. A new cursor per statement cost about 30 us of client CPU, a
-    tenth of a step checkpoint's: psycopg looks up again how to send each parameter and read each column
-    (docs/benchmarks.md, "One cursor per connection"). One owner uses such a connection at a time, as pools
-    and the writer do. The application's connections (transactional steps, co-located enqueues) stay plain."""
+    """A connection of pgdurable's own (its pools', the worker's writer's and listeners'). Off the main thread
+    and outside a transaction, ``run`` executes a named query as a statement prepared on it, through libpq
+    (``named()``, store/prepared.py); otherwise on one cursor, made once. A new cursor per statement cost
+    about 30 us of client CPU, a tenth of a step checkpoint's: psycopg looks up again how to send each
+    parameter and read each column (docs/benchmarks.md, "One cursor per connection"). One owner uses such a
+    connection at a time, as pools and the writer do. The application's connections (transactional steps,
+    co-located enqueues) stay plain."""
 
     _statements: psycopg.Cursor[Any] | None = None
     _named: Statements | None = None  # (psycopg's own Connection has a _prepared)
