@@ -226,7 +226,6 @@ def light_load_round_trips(args: argparse.Namespace, app: Any, schema: str) -> t
     return sorted(took), sorted(after_commit)
 
 
-
 def enqueue_loop(app: Any, job: Any, calls: int) -> float:
     """ms per app.enqueue, one at a time."""
     started = time.perf_counter()
@@ -243,6 +242,7 @@ def in_a_thread(fn: Any) -> float:
     thread.start()
     thread.join()
     return found[0]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
