@@ -6,8 +6,7 @@ a noisy machine moves both (the medians over rounds are reported):
   enqueue       app.enqueue one at a time (one client, a queue no worker serves), ms per call, against
                 pgbench's one-row INSERT commit at one client (``ck``: id, uuid, step, jsonb; the floor).
                 Also from a thread other than the main one (``enqueue_thread``), as a web framework's worker
-                thread calls it: there pgdurable's connections run their statements through libpq
-                (store/prepared.py), where the main thread keeps psycopg's interruptible wait.
+                thread calls it (both run their statements through libpq: store/prepared.py).
   driver        the floor's INSERT sent from this process by psycopg (prepared, autocommit, one cursor), ms
                 per call: what any Python client pays before an engine does anything. Enqueue and
                 checkpoint are also given as ratios to it (a Python engine's share of the cost).
@@ -235,8 +234,7 @@ def enqueue_loop(app: Any, job: Any, calls: int) -> float:
 
 
 def in_a_thread(fn: Any) -> float:
-    """``fn()`` run on a thread other than the main one: pgdurable's own connections run their statements
-    through libpq there (store/prepared.py), where the main thread keeps psycopg's interruptible wait."""
+    """``fn()`` run on a thread other than the main one, as a web framework's worker thread would run it."""
     found: list[float] = []
     thread = threading.Thread(target=lambda: found.append(fn()))
     thread.start()

@@ -1,13 +1,17 @@
-"""Named queries run through libpq (store/prepared.py) by pgdurable's own connections off the main thread: the
-same rows and the same errors as through a cursor, prepared once per connection and again after a
-DEALLOCATE, never on the main thread nor inside a transaction."""
+"""Named queries run through libpq (store/prepared.py) by pgdurable's own connections: the same rows and the
+same errors as through a cursor, prepared once per connection and again after a DEALLOCATE, never inside a
+transaction; a wait Ctrl-C interrupts, as psycopg's can."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
+import signal
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -36,6 +40,12 @@ def own(database_url: str, schema: str, app: pgdurable.App) -> Iterator[store.ca
     with store.calls.OwnConnection.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         yield conn
+
+
+def in_transaction(conn: psycopg.Connection[Any], call: store.Call[T]) -> T:
+    """The call through a cursor: inside a transaction, pgdurable's connections keep psycopg's."""
+    with conn.transaction():
+        return store.run(conn, call)
 
 
 def _prepared_names(conn: psycopg.Connection[Any]) -> list[str]:
@@ -69,8 +79,8 @@ def test_reads_give_the_same_rows_through_libpq_as_through_a_cursor(
         store.Call("database_now", {}, lambda rows: type(rows[0][0])),
     ]
     for call in calls:
-        by_cursor = store.run(own, call)  # this thread is the main thread: a cursor
-        by_libpq = off_main(lambda call=call: store.run(own, call))  # type: ignore[misc]
+        by_cursor = in_transaction(own, call)
+        by_libpq = store.run(own, call)
         if call.name in ("queues", "workers"):  # ages and heartbeats move between the two reads
             assert type(by_cursor) is type(by_libpq) and len(by_cursor) == len(by_libpq), call.name
             continue
@@ -96,7 +106,7 @@ def test_writes_and_their_refusals_through_libpq(own: store.calls.OwnConnection)
     assert own.execute("SELECT length(output::text) FROM operation_outputs WHERE step_id = 0").fetchone() == (
         len(big),)
     errors = []
-    for run in (lambda c: store.run(own, c), lambda c: off_main(lambda: store.run(own, c))):
+    for run in (lambda c: in_transaction(own, c), lambda c: off_main(lambda: store.run(own, c))):
         with pytest.raises(psycopg.Error) as raised:
             run(step(2, "not json"))
         errors.append((type(raised.value), raised.value.sqlstate))
@@ -150,17 +160,69 @@ def test_a_statement_whose_result_a_migration_changed_is_prepared_again(own: sto
     assert len(_prepared_names(own)) == 1
 
 
-def test_the_main_thread_and_transactions_keep_the_cursor(own: store.calls.OwnConnection) -> None:
+def test_transactions_keep_the_cursor(own: store.calls.OwnConnection) -> None:
     call = store.executions.get_execution("nobody")
-    store.run(own, call)
-    assert _prepared_names(own) == []  # the main thread: psycopg's interruptible wait
-
-    def in_transaction() -> None:
-        with own.transaction():
-            store.run(own, call)
-
-    off_main(in_transaction)
+    in_transaction(own, call)
+    off_main(lambda: in_transaction(own, call))
     assert _prepared_names(own) == []
+    store.run(own, call)  # on the main thread as on any other
+    assert len(_prepared_names(own)) == 1
+
+
+class Interrupted(Exception):
+    """What the test's signal handler raises, as Python's raises KeyboardInterrupt on Ctrl-C."""
+
+
+@pytest.fixture
+def interrupt_soon() -> Iterator[Callable[[float], None]]:
+    """interrupt(seconds): the main thread gets a signal whose handler raises Interrupted, as Ctrl-C would."""
+    assert threading.current_thread() is threading.main_thread()  # pytest and xdist run tests there
+
+    def raise_interrupted(*_: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    timers: list[threading.Timer] = []
+
+    def interrupt(seconds: float) -> None:
+        timer = threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1))
+        timers.append(timer)
+        timer.start()
+
+    try:
+        yield interrupt
+    finally:
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _lock_waits(conn: psycopg.Connection[Any], pid: int) -> bool:
+    row = conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_an_interrupted_wait_cancels_the_statement(database_url: str, schema: str, own: store.calls.OwnConnection,
+                                                   interrupt_soon: Callable[[float], None]) -> None:
+    """A statement that waits on a lock, on the main thread, ends when the thread is interrupted: the
+    exception goes on up, the server cancelled the statement (the lock is no longer waited for), and the
+    connection serves the next statement."""
+    own.execute("INSERT INTO workflow_executions (id, name, input) VALUES ('held', 'w', '{}')")
+    call = store.executions.cancel("held")
+    with psycopg.connect(database_url) as holder:
+        holder.execute(sql.SQL("LOCK TABLE {}.workflow_executions IN ACCESS EXCLUSIVE MODE").format(
+            sql.Identifier(schema)))
+        with psycopg.connect(database_url, autocommit=True) as watcher:
+            interrupt_soon(0.5)
+            started = time.monotonic()
+            with pytest.raises(Interrupted):
+                store.run(own, call)
+            assert time.monotonic() - started < 60  # interrupted, not ended by the lock's release
+            assert not _lock_waits(watcher, own.info.backend_pid)
+        holder.rollback()
+    assert not own.closed and own.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert store.run(own, call) is True  # the statement never ran; now it does
 
 
 def test_every_named_query_of_a_single_node_schema_prepares_untyped(own: store.calls.OwnConnection) -> None:
@@ -183,3 +245,69 @@ def test_placeholders_become_numbered_parameters() -> None:
     assert b"%(" not in form.text and b"$8::int" in form.text and form.text.count(b"$3::jsonb") == 2
     fail_lost = converted("sweep_expired", False)
     assert b"%%" not in fail_lost.text and b"lost %s times" in fail_lost.text
+
+
+async def test_the_event_loop_gets_the_same_rows_and_errors(database_url: str, schema: str,
+                                                            own: store.calls.OwnConnection) -> None:
+    """The worker's connections (async) run the same exchange on the event loop: the same rows as a cursor's,
+    the same refusal, a large output, a statement deallocated behind its back prepared again."""
+    off_main(lambda: store.run(own, store.executions.enqueue(id="a1", name="w", queue="q", priority=3,
+                                                             input="{}", max_recoveries=1, delay=0.0)))
+    own.execute("UPDATE workflow_executions SET status = 'running', owner_id = 'me', attempt = 1, "
+                "lease_expires = now() + interval '1 hour' WHERE id = 'a1'")
+    big = json.dumps({"blob": "y" * 6_000_000})
+    calls: list[store.Call[Any]] = [store.executions.get_execution("a1"), store.executions.get_execution("none"),
+                                    store.checkpoints.write_step("a1", 1, 0, "s", 1, _T, big, None),
+                                    store.checkpoints.list_steps("a1"), store.queues.queue_depths()]
+    async with await store.calls.AsyncOwnConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        found = [await store.arun(conn, call) for call in calls]
+        assert found == [in_transaction(own, call) if call.name != "write_step" else {("a1", 1, 0)}
+                         for call in calls]
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            await store.arun(conn, store.executions.enqueue(id="a2", name="w", queue="no spaces", priority=0,
+                                                            input="{}", max_recoveries=1, delay=0.0))
+        assert refused.value.diag.constraint_name == "workflow_executions_queue_check"
+        await conn.execute("DEALLOCATE ALL")
+        assert await store.arun(conn, store.executions.get_execution("none")) is None
+        prepared = await (await conn.execute("SELECT count(*) FROM pg_prepared_statements")).fetchone()
+        assert prepared == (1,)
+
+
+async def test_a_cancelled_task_cancels_its_statement(database_url: str, schema: str,
+                                                      own: store.calls.OwnConnection) -> None:
+    """A statement waiting on a lock, in a task that is cancelled (a worker stopping, a timeout): the server
+    cancels it, and the connection serves the next statement."""
+    own.execute("INSERT INTO workflow_executions (id, name, input) VALUES ('held', 'w', '{}')")
+    call = store.executions.cancel("held")
+    async with await store.calls.AsyncOwnConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        with psycopg.connect(database_url) as holder:
+            holder.execute(sql.SQL("LOCK TABLE {}.workflow_executions IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(schema)))
+            task = asyncio.create_task(store.arun(conn, call))
+            with psycopg.connect(database_url, autocommit=True) as watcher:
+                deadline = time.monotonic() + 60
+                while not _lock_waits(watcher, conn.info.backend_pid):
+                    assert time.monotonic() < deadline, "the statement never waited on the lock"
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert not _lock_waits(watcher, conn.info.backend_pid)
+            holder.rollback()
+        assert not conn.closed and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert await store.arun(conn, call) is True
+
+
+async def test_a_lost_connection_raises_an_operational_error_on_the_event_loop(database_url: str, schema: str,
+                                                                               own: store.calls.OwnConnection,
+                                                                               ) -> None:
+    call = store.executions.get_execution("nobody")
+    async with await store.calls.AsyncOwnConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        assert await store.arun(conn, call) is None
+        own.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            await store.arun(conn, call)
+        assert conn.broken

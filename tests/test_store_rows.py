@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -13,6 +13,8 @@ from psycopg import sql
 from psycopg.rows import class_row, dict_row
 
 from pgdurable import monitoring, schedules, store
+
+T = TypeVar("T")
 
 
 def _calls() -> list[tuple[store.Call[Any], type[Any]]]:
@@ -120,21 +122,27 @@ def test_an_own_connection_runs_every_call_on_one_cursor_and_reads_each_as_it_as
         database_url: str, schema: str, db: psycopg.Connection[Any]) -> None:
     """pgdurable's own connections run all their statements on one cursor (store.calls.OwnConnection): each
     call still gets its rows as it asks, by name or as tuples, whatever the call before it asked; a failed
-    statement leaves the cursor usable; a result read is freed, not kept until the next statement."""
+    statement leaves the cursor usable; a result read is freed, not kept until the next statement. (Inside a
+    transaction: outside one, a named query goes through libpq, tests/test_prepared_statements.py.)"""
     with store.calls.OwnConnection.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         cursor = conn.statements()
-        store.run(conn, store.executions.enqueue(id="rows-3", name="w", queue="q", priority=1, input="{}",
-                                                 max_recoveries=2, delay=0.0))
-        named = store.run(conn, store.executions.get_execution("rows-3"))
+
+        def run(call: store.Call[T]) -> T:
+            with conn.transaction():
+                return store.run(conn, call)
+
+        run(store.executions.enqueue(id="rows-3", name="w", queue="q", priority=1, input="{}", max_recoveries=2,
+                                     delay=0.0))
+        named = run(store.executions.get_execution("rows-3"))
         assert named is not None and (named.id, named.priority) == ("rows-3", 1)
-        now = store.run(conn, store.Call("database_now", {}, lambda rows: rows))
+        now = run(store.Call("database_now", {}, lambda rows: rows))
         assert isinstance(now[0], tuple) and isinstance(now[0][0], datetime)
-        woken, _, clock = store.run(conn, store.claims.wake_due())  # read from dict rows, by key
+        woken, _, clock = run(store.claims.wake_due())  # read from dict rows, by key
         assert isinstance(woken, int) and isinstance(clock, datetime)
         with pytest.raises(psycopg.Error):  # an id that is not text: the server refuses the statement
-            store.run(conn, store.executions.get_execution(123))  # type: ignore[arg-type]
-        again = store.run(conn, store.executions.get_execution("rows-3"))
+            run(store.executions.get_execution(123))  # type: ignore[arg-type]
+        again = run(store.executions.get_execution("rows-3"))
         assert again is not None and again.id == "rows-3"
         assert conn.statements() is cursor
         assert cursor.pgresult is not None and cursor.pgresult.pgresult_ptr is None  # freed once read

@@ -48,9 +48,9 @@ def _statement(call: Call[Any], conn: Any = None) -> Any:
 
 
 class OwnConnection(psycopg.Connection[Any]):
-    """A connection of pgdurable's own (its pools', the worker's writer's and listeners'). Off the main thread
-    and outside a transaction, ``run`` executes a named query as a statement prepared on it, through libpq
-    (``named()``, store/prepared.py); otherwise on one cursor, made once. A new cursor per statement cost
+    """A connection of pgdurable's own (its pools', the worker's writer's and listeners'). Outside a
+    transaction, ``run`` executes a named query as a statement prepared on it, through libpq (``named()``,
+    store/prepared.py); otherwise on one cursor, made once. A new cursor per statement cost
     about 30 us of client CPU, a tenth of a step checkpoint's: psycopg looks up again how to send each
     parameter and read each column (docs/benchmarks.md, "One cursor per connection"). One owner uses such a
     connection at a time, as pools and the writer do. The application's connections (transactional steps,
@@ -77,12 +77,19 @@ class AsyncOwnConnection(psycopg.AsyncConnection[Any]):
     """As ``OwnConnection``, async."""
 
     _statements: psycopg.AsyncCursor[Any] | None = None
+    _named: Statements | None = None
 
     def statements(self) -> psycopg.AsyncCursor[Any]:
         cursor = self._statements
         if cursor is None or cursor.closed:
             cursor = self._statements = self.cursor()
         return cursor
+
+    def named(self) -> Statements:
+        found = self._named
+        if found is None:
+            found = self._named = Statements(self)
+        return found
 
 
 def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
@@ -113,6 +120,13 @@ def run(conn: psycopg.Connection[Any], call: Call[T]) -> T:
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
     with _schema_errors(conn, call):
         if isinstance(conn, AsyncOwnConnection):
+            if call.schema is None:
+                citus = conn in _citus
+                prepared = conn.named()
+                if prepared.usable(call.name, citus):
+                    result = await prepared.arun(call.name, citus, call.params, call.read, call.row_factory)
+                    if result is not NOT_PREPARED:
+                        return result  # type: ignore[no-any-return]
             cursor = conn.statements()
             _use_rows(cursor, call.row_factory)
             await cursor.execute(_statement(call, conn), call.params)
