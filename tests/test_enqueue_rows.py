@@ -1,13 +1,16 @@
-"""The one-execution enqueue (the ``enqueue`` named query, a plain INSERT) writes the row insert_executions_v2
-writes for the same options: the function stays the insert path of every other way of creating executions
-(the SQL API, bulk, children, schedules, table bindings, debounced enqueues), and the two must not drift."""
+"""The one-execution enqueues (app.enqueue's ``enqueue`` named query, and enqueue_workflow's
+insert_execution_v1, each a plain INSERT) write the row insert_executions_v2 writes for the same options: the
+function stays the insert path of every other way of creating executions (bulk, children, schedules, table
+bindings, debounced enqueues), and they must not drift."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from pgdurable import store
@@ -83,3 +86,57 @@ def test_a_row_the_table_refuses_is_refused_by_the_plain_enqueue_too(db: psycopg
         store.run(db, _enqueue("x", queue="no spaces"))
     with pytest.raises(psycopg.errors.CheckViolation):
         store.run(db, _enqueue("y", timeout=float("nan")))
+
+
+# enqueue_workflow's arguments, the same options as insert_executions_v2 reads them, and the status written.
+_SQL_OPTIONS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "plain": ({}, {}, "enqueued"),
+    "delayed": ({"delay": "30.5 seconds"}, {"delay_seconds": 30.5}, "waiting"),
+    "start_at ahead": ({"start_at": "2026-06-01 13:00:00+00"}, {"start_at": "2026-06-01 13:00:00+00"}, "waiting"),
+    "start_at past": ({"start_at": "2026-06-01 11:00:00+00"}, {"start_at": "2026-06-01 11:00:00+00"}, "enqueued"),
+    "timeout": ({"timeout_seconds": 12.5}, {"timeout_seconds": 12.5}, "enqueued"),
+    "keys": ({"dedup_key": "d", "concurrency_key": "c"}, {"dedup_key": "d", "concurrency_key": "c"}, "enqueued"),
+    "tags": ({"tags": '{"team": "billing"}'}, {"tags": {"team": "billing"}}, "enqueued"),
+    "empty tags": ({"tags": "{}"}, {"tags": {}}, "enqueued"),
+    "queue, priority, recoveries": ({"queue": "billing.eu:1", "priority": -3, "max_recoveries": 0},
+                                    {"queue": "billing.eu:1", "priority": -3, "max_recoveries": 0}, "enqueued"),
+}
+
+
+def _sql_enqueue(db: psycopg.Connection[Any], id: str, arguments: dict[str, Any]) -> Any:
+    given = {"workflow_name": "w", "input": '{"n": 1}', "queue": "q", "workflow_id": id, **arguments}
+    named = sql.SQL(", ").join(sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given)
+    return db.execute(sql.SQL("SELECT enqueue_workflow({})").format(named), given).fetchone()
+
+
+def _v2_insert(db: psycopg.Connection[Any], id: str, spec: dict[str, Any]) -> Any:
+    row = {"id": id, "name": "w", "input": {"n": 1}, "queue": "q", **spec}
+    return db.execute("SELECT id FROM insert_executions_v2(jsonb_build_array(%s::jsonb))",
+                      (json.dumps(row),)).fetchone()
+
+
+@pytest.mark.parametrize("options", _SQL_OPTIONS.values(), ids=_SQL_OPTIONS.keys())
+def test_enqueue_workflow_writes_the_row_insert_executions_v2_writes(
+        db: psycopg.Connection[Any], options: tuple[dict[str, Any], dict[str, Any], str]) -> None:
+    """The SQL API's one INSERT (insert_execution_v1) against the insert path every other creation takes."""
+    arguments, spec, status = options
+    db.execute("SELECT set_config('pgdurable.fake_now', %s, false)", (_NOW,))
+    assert _sql_enqueue(db, "sql", arguments) == ("sql",)
+    assert _row(db, "sql")["status"] == status
+    if "dedup_key" in arguments:  # one unfinished execution per key: take it back in between
+        db.execute("UPDATE workflow_executions SET status = 'cancelled' WHERE id = 'sql'")
+    assert _v2_insert(db, "function", spec) == ("function",)
+    if "dedup_key" in arguments:
+        db.execute("UPDATE workflow_executions SET status = 'cancelled' WHERE id = 'function'")
+    assert _row(db, "sql") == _row(db, "function")
+
+
+def test_enqueue_workflow_finds_a_taken_id_or_key(db: psycopg.Connection[Any]) -> None:
+    """Not created: the same id of the same workflow returns it; a key held by an unfinished execution of the
+    queue returns that execution; an id of another workflow is refused."""
+    assert _sql_enqueue(db, "a", {"dedup_key": "k"}) == ("a",)
+    assert _sql_enqueue(db, "a", {}) == ("a",)
+    assert _sql_enqueue(db, "b", {"dedup_key": "k"}) == ("a",)
+    with pytest.raises(psycopg.errors.UniqueViolation, match="already belongs to workflow"):
+        db.execute("SELECT enqueue_workflow('other', '{}', 'q', 'a')")
+    assert db.execute("SELECT count(*) FROM workflow_executions").fetchone() == (1,)

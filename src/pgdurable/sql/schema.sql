@@ -749,8 +749,10 @@ END;
 
 -- Every way of creating an execution (enqueue, enqueue_many, App.start, a child, a fork, a schedule tick,
 -- enqueue_workflow, a table binding's trigger) inserts through insert_executions_v2 (the trigger through
--- _v1, which calls it), so the values derived at creation are decided
--- in one place.
+-- _v1, which calls it), so the values derived at creation are decided in one place. Two exceptions, for
+-- the single enqueue every application makes most, each a plain INSERT of the row that function writes for
+-- the same options (tests/test_enqueue_rows.py holds them to it): app.enqueue's named query `enqueue`, and
+-- insert_execution_v1 below, enqueue_workflow's.
 
 -- One execution to create, as insert_executions_v2 reads it from JSON (by field name; absent fields are
 -- NULL, then the function's defaults apply). Fields: those of execution_spec_v1 below, then tags,
@@ -940,6 +942,41 @@ END;
 $$;
 REVOKE ALL ON FUNCTION new_execution_id() FROM PUBLIC;
 
+-- The execution enqueue_workflow creates (not debounced), with one plain INSERT: the row insert_executions_v2
+-- writes for the same options. Its JSON round trip, table function and batch steps cost one call about 110 us
+-- of backend CPU (docs/benchmarks.md, "Enqueue through SQL: one INSERT"). True if it created the row; false if
+-- the id is taken or an unfinished execution of the queue holds the dedup key. Rings the queue's bells for a
+-- row claimable now; a delayed one rings when the timer's UPDATE makes it due (notify_execution_change). The
+-- Citus layout replaces it with a call of its own insert_executions_v2, which routes the row to its bucket.
+CREATE FUNCTION insert_execution_v1(
+    new_id text, workflow_name text, input jsonb, queue text, priority integer, max_recoveries integer,
+    start_at timestamptz, timeout_seconds double precision, dedup_key text, concurrency_key text, tags jsonb
+) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    at constant timestamptz := clock_now();
+    delayed constant boolean := start_at > at;
+BEGIN
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                     wait_reason, timeout_seconds, dedup_key, concurrency_key, created_at,
+                                     updated_at, tags)
+    VALUES (new_id, workflow_name, queue, priority, input, max_recoveries, start_at,
+            CASE WHEN delayed THEN 'waiting' ELSE 'enqueued' END, CASE WHEN delayed THEN 'delay' END,
+            timeout_seconds, dedup_key, concurrency_key, at, at, nullif(nullif(tags, 'null'), '{}'))
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT delayed AND EXISTS (SELECT FROM worker_doorbells WHERE armed) THEN
+        PERFORM ring_doorbells(ARRAY[queue]);
+    END IF;
+    RETURN true;
+END;
+$$;
+
 -- Enqueue a workflow inside the caller's transaction: it exists if and only if that transaction commits,
 -- and workers are woken (NOTIFY) at commit. A given workflow_id is an idempotency key: enqueuing it again
 -- returns the same id. Arguments go by name in a JSON object: '{"order_id": 42}'. A delayed start waits
@@ -1066,25 +1103,22 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    PERFORM FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
-        'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
-        'max_recoveries', max_recoveries,
-        'start_at', coalesce(start_at, clock_now() + coalesce(delay, interval '0')),
-        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key,
-        'tags', tags)));
-    IF NOT FOUND THEN
-        SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
-        IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
-            SELECT e.id INTO duplicate_id FROM workflow_executions e
-            WHERE e.queue = queue AND e.dedup_key = dedup_key AND e.status IN ('enqueued', 'waiting', 'running');
-            IF duplicate_id IS NOT NULL THEN
-                RETURN duplicate_id;
-            END IF;
+    IF insert_execution_v1(new_id, workflow_name, input, queue, priority, max_recoveries,
+                           coalesce(start_at, clock_now() + coalesce(delay, interval '0')), timeout_seconds,
+                           dedup_key, concurrency_key, tags) THEN
+        RETURN new_id;
+    END IF;
+    SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
+    IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
+        SELECT e.id INTO duplicate_id FROM workflow_executions e
+        WHERE e.queue = queue AND e.dedup_key = dedup_key AND e.status IN ('enqueued', 'waiting', 'running');
+        IF duplicate_id IS NOT NULL THEN
+            RETURN duplicate_id;
         END IF;
-        IF owner_name IS DISTINCT FROM workflow_name THEN
-            RAISE EXCEPTION 'enqueue_workflow: workflow id % already belongs to workflow %', new_id, owner_name
-                USING ERRCODE = '23505';
-        END IF;
+    END IF;
+    IF owner_name IS DISTINCT FROM workflow_name THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow id % already belongs to workflow %', new_id, owner_name
+            USING ERRCODE = '23505';
     END IF;
     RETURN new_id;
 END;
@@ -1887,6 +1921,8 @@ REVOKE ALL ON FUNCTION enqueue_workflow(text, jsonb, text, text, integer, timest
                        claim_with_policy_v2(text, text[], text, double precision, integer, text, double precision),
                        app_versions(), migrate_app_version(text, text),
                        clock_now(), notify_channel(text), ring_doorbells(text[]), insert_executions_v1(jsonb, jsonb, boolean), insert_executions_v2(jsonb, jsonb, boolean),
+                       insert_execution_v1(text, text, jsonb, text, integer, integer, timestamptz,
+                                           double precision, text, text, jsonb),
                        await_execution_v1(text), await_execution_v2(text, boolean),
                        grant_application_role(name), grant_worker_role(name),
                        apply_application_grants(name), apply_worker_grants(name), reapply_role_grants()

@@ -80,10 +80,12 @@ class Statements:
 
     def usable(self, name: str, citus: bool) -> bool:
         """Outside a transaction only: a statement the server refuses to prepare must not abort the caller's
-        transaction before the cursor runs it."""
+        transaction before the cursor runs it. (Where ``select.poll`` is missing, Windows, a sync connection
+        keeps the cursor.)"""
         pgconn = self._conn.pgconn
         return ((name, citus) not in self._refused and pgconn.transaction_status == pq.TransactionStatus.IDLE
-                and pgconn.pipeline_status == pq.PipelineStatus.OFF)
+                and pgconn.pipeline_status == pq.PipelineStatus.OFF
+                and (_POLL or isinstance(self._conn, psycopg.AsyncConnection)))
 
     def run(self, name: str, citus: bool, params: Mapping[str, Any],
             read: Callable[[list[Any]], Any], row_factory: BaseRowFactory[Any] | None) -> Any:
@@ -203,6 +205,7 @@ NOT_PREPARED = object()
 log = logging.getLogger("pgdurable")
 # How long an interrupted statement's cancellation may take before its connection is closed instead.
 _CANCEL_SECONDS = 5.0
+_POLL = hasattr(select, "poll")
 
 
 def _result(pgconn: pq.abc.PGconn) -> Generator[None, None, pq.abc.PGresult]:

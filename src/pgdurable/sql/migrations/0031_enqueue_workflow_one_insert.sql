@@ -1,10 +1,45 @@
--- pgdurable schema, version 31: enqueue_workflow's test of its tags, split in two.
+-- pgdurable schema, version 31: enqueue_workflow's execution in one INSERT, and its test of the tags split in two.
 --
--- The test of the tags was one IF whose condition holds subqueries (jsonb_each); PL/pgSQL runs such a condition
--- through the executor, set up anew at every call, even when tags is NULL and the first operand decides. Tested
--- first on its own (a simple expression), a NULL tags costs nothing more: about 20 us of backend CPU less per
--- call without tags (docs/benchmarks.md, "Enqueue through SQL: the tags test"). Same signature, same rules,
--- same errors.
+-- enqueue_workflow created its execution through insert_executions_v2: a JSON object built, read back into a
+-- record, a table function's result, the batch's steps (ordering, the debounce scan). For the one execution
+-- of a call that cost about 110 us of backend CPU of about 400. insert_execution_v1 writes the same row with
+-- one plain INSERT (tests/test_enqueue_rows.py holds it to the function's rows), and rings the bells only for
+-- a row claimable now, as app.enqueue's statement does. Debounced calls keep insert_executions_v2. The test of
+-- the tags was one IF whose condition holds subqueries (jsonb_each): PL/pgSQL ran it through the executor at
+-- every call, even with no tags; `tags IS NOT NULL` is now tested on its own first. Same signature, same
+-- rules, same errors (docs/benchmarks.md, "Enqueue through SQL: one INSERT"). The Citus layout's script of
+-- this number makes insert_execution_v1 call its routed insert_executions_v2.
+CREATE FUNCTION insert_execution_v1(
+    new_id text, workflow_name text, input jsonb, queue text, priority integer, max_recoveries integer,
+    start_at timestamptz, timeout_seconds double precision, dedup_key text, concurrency_key text, tags jsonb
+) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_variable
+DECLARE
+    at constant timestamptz := clock_now();
+    delayed constant boolean := start_at > at;
+BEGIN
+    INSERT INTO workflow_executions (id, name, queue, priority, input, max_recoveries, available_at, status,
+                                     wait_reason, timeout_seconds, dedup_key, concurrency_key, created_at,
+                                     updated_at, tags)
+    VALUES (new_id, workflow_name, queue, priority, input, max_recoveries, start_at,
+            CASE WHEN delayed THEN 'waiting' ELSE 'enqueued' END, CASE WHEN delayed THEN 'delay' END,
+            timeout_seconds, dedup_key, concurrency_key, at, at, nullif(nullif(tags, 'null'), '{}'))
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT delayed AND EXISTS (SELECT FROM worker_doorbells WHERE armed) THEN
+        PERFORM ring_doorbells(ARRAY[queue]);
+    END IF;
+    RETURN true;
+END;
+$$;
+REVOKE ALL ON FUNCTION insert_execution_v1(text, text, jsonb, text, integer, integer, timestamptz, double precision,
+                                           text, text, jsonb) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION enqueue_workflow(
     workflow_name   text,
     input           jsonb       DEFAULT '{}',
@@ -122,25 +157,22 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    PERFORM FROM insert_executions_v2(jsonb_build_array(jsonb_build_object(
-        'id', new_id, 'name', workflow_name, 'input', input, 'queue', queue, 'priority', priority,
-        'max_recoveries', max_recoveries,
-        'start_at', coalesce(start_at, clock_now() + coalesce(delay, interval '0')),
-        'timeout_seconds', timeout_seconds, 'dedup_key', dedup_key, 'concurrency_key', concurrency_key,
-        'tags', tags)));
-    IF NOT FOUND THEN
-        SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
-        IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
-            SELECT e.id INTO duplicate_id FROM workflow_executions e
-            WHERE e.queue = queue AND e.dedup_key = dedup_key AND e.status IN ('enqueued', 'waiting', 'running');
-            IF duplicate_id IS NOT NULL THEN
-                RETURN duplicate_id;
-            END IF;
+    IF insert_execution_v1(new_id, workflow_name, input, queue, priority, max_recoveries,
+                           coalesce(start_at, clock_now() + coalesce(delay, interval '0')), timeout_seconds,
+                           dedup_key, concurrency_key, tags) THEN
+        RETURN new_id;
+    END IF;
+    SELECT e.name INTO owner_name FROM workflow_executions e WHERE e.id = new_id;
+    IF owner_name IS NULL AND dedup_key IS NOT NULL THEN
+        SELECT e.id INTO duplicate_id FROM workflow_executions e
+        WHERE e.queue = queue AND e.dedup_key = dedup_key AND e.status IN ('enqueued', 'waiting', 'running');
+        IF duplicate_id IS NOT NULL THEN
+            RETURN duplicate_id;
         END IF;
-        IF owner_name IS DISTINCT FROM workflow_name THEN
-            RAISE EXCEPTION 'enqueue_workflow: workflow id % already belongs to workflow %', new_id, owner_name
-                USING ERRCODE = '23505';
-        END IF;
+    END IF;
+    IF owner_name IS DISTINCT FROM workflow_name THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow id % already belongs to workflow %', new_id, owner_name
+            USING ERRCODE = '23505';
     END IF;
     RETURN new_id;
 END;

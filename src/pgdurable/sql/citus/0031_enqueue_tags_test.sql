@@ -1,4 +1,0 @@
--- The Citus layout, version 31 (recorded in schema_migrations as 10031): nothing to do on the cluster.
---
--- The single-node migration of this number replaces enqueue_workflow() with the same function, its test of
--- the tags split in two; Citus propagates the function to the worker nodes as before.
