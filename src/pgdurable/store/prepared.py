@@ -94,18 +94,20 @@ class Statements:
         conn = self._conn
         assert isinstance(conn, psycopg.Connection)
         with conn.lock:
-            statement = self._prepared.get((name, citus))
-            if statement is None:  # the connection's first call of this query
-                return self._rows(self._drive(conn, self._exchange(name, citus, params)), read, row_factory)
-            # The hot path, no generator: send, wait, read. (Driving _exchange cost a statement about 10 us.)
-            values = self._values(name, citus, params)
-            conn.pgconn.send_query_prepared(statement, values)
-            result = self._drive(conn, _result(conn.pgconn))
+            exchange = self._exchange(name, citus, params)
             try:
-                result = self._check(result)
-            except (_GONE, errors.FeatureNotSupported) as exc:
-                result = self._drive(conn, self._again(name, citus, values, exc))
-            return self._rows(result, read, row_factory)
+                next(exchange)
+                while True:
+                    try:
+                        _wait(conn.pgconn, None)
+                    except psycopg.Error:
+                        raise  # the connection lost: nothing to cancel
+                    except BaseException:  # interrupted: Ctrl-C, a signal handler's exception
+                        _cancel(conn)
+                        raise
+                    exchange.send(None)
+            except StopIteration as done:
+                return self._rows(done.value, read, row_factory)
 
     async def arun(self, name: str, citus: bool, params: Mapping[str, Any],
                    read: Callable[[list[Any]], Any], row_factory: BaseRowFactory[Any] | None) -> Any:
@@ -113,79 +115,40 @@ class Statements:
         conn = self._conn
         assert isinstance(conn, psycopg.AsyncConnection)
         async with conn.lock:
-            statement = self._prepared.get((name, citus))
-            if statement is None:
-                return self._rows(await self._adrive(conn, self._exchange(name, citus, params)), read, row_factory)
-            values = self._values(name, citus, params)
-            conn.pgconn.send_query_prepared(statement, values)
-            result = await self._adrive(conn, _result(conn.pgconn))
+            exchange = self._exchange(name, citus, params)
             try:
-                result = self._check(result)
-            except (_GONE, errors.FeatureNotSupported) as exc:
-                result = await self._adrive(conn, self._again(name, citus, values, exc))
-            return self._rows(result, read, row_factory)
-
-    @staticmethod
-    def _drive(conn: psycopg.Connection[Any], exchange: Generator[None, None, Any]) -> Any:
-        """Run an exchange to its end, waiting in ``poll`` whenever it yields; interrupted, the statement is
-        cancelled on the server before the interruption goes on up."""
-        try:
-            next(exchange)
-            while True:
-                try:
-                    _wait(conn.pgconn, None)
-                except psycopg.Error:
-                    raise  # the connection lost: nothing to cancel
-                except BaseException:  # interrupted: Ctrl-C, a signal handler's exception
-                    _cancel(conn)
-                    raise
-                exchange.send(None)
-        except StopIteration as done:
-            return done.value
-
-    @staticmethod
-    async def _adrive(conn: psycopg.AsyncConnection[Any], exchange: Generator[None, None, Any]) -> Any:
-        """As ``_drive``, waiting on the event loop."""
-        try:
-            next(exchange)
-            while True:
-                try:
-                    await _wait_async(conn.pgconn, None)
-                except psycopg.Error:
-                    raise
-                except BaseException:  # the task cancelled, or interrupted
-                    await _cancel_async(conn)
-                    raise
-                exchange.send(None)
-        except StopIteration as done:
-            return done.value
-
-    def _values(self, name: str, citus: bool, params: Mapping[str, Any]) -> Any:
-        """The call's parameters in the statement's order, as text."""
-        names = converted(name, citus).names
-        return self._tx.dump_sequence([params[n] for n in names], [PyFormat.TEXT] * len(names))
+                next(exchange)
+                while True:
+                    try:
+                        await _wait_async(conn.pgconn, None)
+                    except psycopg.Error:
+                        raise
+                    except BaseException:  # the task cancelled, or interrupted
+                        await _cancel_async(conn)
+                        raise
+                    exchange.send(None)
+            except StopIteration as done:
+                return self._rows(done.value, read, row_factory)
 
     def _exchange(self, name: str, citus: bool, params: Mapping[str, Any]) -> Generator[None, None, Any]:
-        """Prepare the query, execute it: its result, or NOT_PREPARED."""
-        statement = yield from self._prepare(name, citus)
+        """Prepare the query if this connection has not, execute it: its result, or NOT_PREPARED."""
+        statement = self._prepared.get((name, citus))
         if statement is None:
-            return NOT_PREPARED
-        values = self._values(name, citus, params)
+            statement = yield from self._prepare(name, citus)
+            if statement is None:
+                return NOT_PREPARED
+        form = converted(name, citus)
+        values = self._tx.dump_sequence([params[n] for n in form.names], [PyFormat.TEXT] * len(form.names))
         try:
             return (yield from self._execute(statement, values))
         except (_GONE, errors.FeatureNotSupported) as exc:
-            return (yield from self._again(name, citus, values, exc))
-
-    def _again(self, name: str, citus: bool, values: Any, exc: BaseException) -> Generator[None, None, Any]:
-        """After the server refused a prepared statement before running it: prepare it again, once, and
-        execute it (its result, or NOT_PREPARED). Any other refusal goes on up."""
-        if isinstance(exc, _GONE):  # deallocated behind our back (DEALLOCATE ALL, DISCARD ALL)
-            self._prepared.clear()
-        elif _replanned(exc):  # refused before it ran: a migration changed a column it returns
-            yield from self._deallocate(name, citus)
-        else:
-            raise exc
-        statement = yield from self._prepare(name, citus)
+            if isinstance(exc, _GONE):  # deallocated behind our back (DEALLOCATE ALL, DISCARD ALL)
+                self._prepared.clear()
+            elif _replanned(exc):  # refused before it ran: a migration changed a column it returns
+                yield from self._deallocate(name, citus)
+            else:
+                raise
+        statement = yield from self._prepare(name, citus)  # prepared again, once
         if statement is None:
             return NOT_PREPARED
         return (yield from self._execute(statement, values))
