@@ -154,6 +154,7 @@ _LOW, _HIGH = "0001-01-02 00:00:00+00", "9999-12-30 00:00:00+00"
 @pytest.mark.parametrize(("column", "value", "rule"), [
     # At the limits: the fast path (migration 30) takes them, as the rules do.
     ("id", _KEY, None), ("id", "x", None), ("queue", "q" * 100, None), ("queue", "a.b:c-d_E9", None),
+    ("queue", "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", None), ("queue", "-", None),
     ("timeout_seconds", 315360000.0, None), ("timeout_seconds", 1e-9, None), ("available_at", _LOW, None),
     ("available_at", _HIGH, None), ("deadline", _HIGH, None), ("debounce_deadline", _LOW, None),
     ("concurrency_key", _KEY, None), ("dedup_key", "k", None), ("debounce_key", _KEY, None), ("tags", "{}", None),
@@ -161,6 +162,13 @@ _LOW, _HIGH = "0001-01-02 00:00:00+00", "9999-12-30 00:00:00+00"
     # Just past them: the rule-by-rule CASE names the rule.
     ("id", _KEY + "k", "workflow_executions_id_check"), ("queue", "q" * 101, "workflow_executions_queue_check"),
     ("queue", "", "workflow_executions_queue_check"), ("status", "paused", "workflow_executions_status_check"),
+    # A queue name's characters (migration 32 tests them with ltrim, not a regular expression): one outside
+    # the set anywhere, first or last, a line break after a valid name, a letter beyond ASCII, a % or _ as
+    # LIKE would read them (the _ is allowed, the % not).
+    ("queue", "a b", "workflow_executions_queue_check"), ("queue", " q", "workflow_executions_queue_check"),
+    ("queue", "q/", "workflow_executions_queue_check"), ("queue", "q\n", "workflow_executions_queue_check"),
+    ("queue", "é", "workflow_executions_queue_check"), ("queue", "q%", "workflow_executions_queue_check"),
+    ("queue", "[q]", "workflow_executions_queue_check"), ("queue", "q" * 99 + "é", "workflow_executions_queue_check"),
     ("timeout_seconds", 315360000.001, "workflow_executions_timeout_seconds_range"),
     ("timeout_seconds", 0.0, "workflow_executions_timeout_seconds_range"),
     ("timeout_seconds", float("nan"), "workflow_executions_timeout_seconds_range"),

@@ -71,7 +71,10 @@ BEGIN
     -- every insert and update of the table about 15 us more than this one does (backend CPU, migration 30).
     -- Only a row this does not pass (false or NULL) is looked at rule by rule, and the CASE decides.
     IF length(id) BETWEEN 1 AND 200
-       AND queue ~ '^[A-Za-z0-9_.:-]{1,100}$'
+       -- a queue name: 1 to 100 of these characters, all of which ltrim takes off (a regular expression
+       -- cost each row about 3 us more, migration 32)
+       AND length(queue) BETWEEN 1 AND 100
+       AND ltrim(queue, 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-') = ''
        AND status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled')
        AND (status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL)
        AND coalesce(timeout_seconds > 0 AND timeout_seconds <= 315360000, true)
@@ -86,7 +89,10 @@ BEGIN
     -- As in a CHECK constraint, a rule that is NULL (a NULL column) holds.
     broken := CASE
         WHEN NOT coalesce(length(id) BETWEEN 1 AND 200, true) THEN 'workflow_executions_id_check'
-        WHEN NOT coalesce(queue ~ '^[A-Za-z0-9_.:-]{1,100}$', true) THEN 'workflow_executions_queue_check'
+        WHEN NOT coalesce(length(queue) BETWEEN 1 AND 100
+                          AND ltrim(queue, 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-') = '',
+                          true)
+            THEN 'workflow_executions_queue_check'
         WHEN NOT coalesce(status IN ('enqueued', 'waiting', 'running', 'succeeded', 'failed', 'cancelled'), true)
             THEN 'workflow_executions_status_check'
         WHEN NOT coalesce((status = 'running') = (owner_id IS NOT NULL AND lease_expires IS NOT NULL), true)

@@ -1,0 +1,5 @@
+-- The Citus layout, version 32 (recorded in schema_migrations as 10032): nothing to do on the cluster.
+--
+-- The single-node migration of this number changes how check_execution_row() tests a queue name. A schema
+-- with this layout keeps one CHECK constraint per rule on its distributed table (see the layout's version 25)
+-- and does not call that function, which the single-node migration replaced all the same.
