@@ -28,7 +28,7 @@ Usage, from the repository root:
     .venv/bin/python bench/throughput.py [N] [-c CONCURRENCY] [--kind sync|async] [--parts ABCDEFLK]
         [--enqueue-threads K] [--steps S] [--roundtrips R] [--jobs J] [--bulk B] [--backlog F]
         [--latency-n L] [--together K] [--together-steps S] [--url URL] [--schema NAME] [--results FILE]
-        [--py-spy FILE]
+        [--py-spy FILE] [--worker-pgoptions OPTIONS]
     env: PGDURABLE_BENCH_URL (default postgresql://postgres@127.0.0.1:5432/pgdurable_bench)
 
 The worker processes import this file as the module ``bench.throughput`` and serve its ``app``, configured
@@ -389,8 +389,10 @@ class WorkerProcess:
     """`python -m pgdurable worker bench.throughput:app` serving one queue, logging to a temporary file."""
 
     def __init__(self, url: str, schema: str, queue: str, concurrency: int,
-                 target: str = "bench.throughput:app") -> None:
+                 target: str = "bench.throughput:app", pgoptions: str | None = None) -> None:
         env = {**os.environ, "PGDURABLE_BENCH_URL": url, "PGDURABLE_BENCH_SCHEMA": schema}
+        if pgoptions:  # server settings of the worker's sessions alone (libpq's PGOPTIONS)
+            env["PGOPTIONS"] = f"{env.get('PGOPTIONS', '')} {pgoptions}".strip()
         fd, self.log = tempfile.mkstemp(prefix=f"pgdurable-bench-{queue}-", suffix=".log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pgdurable", "worker", target, "--queue", queue,
@@ -793,6 +795,10 @@ def main() -> int:
     parser.add_argument("--py-spy", metavar="FILE", help="py-spy record (raw format) of the worker in part A")
     parser.add_argument("--py-spy-args", default="--rate 100 --nonblocking",
                         help="extra py-spy record options (default: %(default)s; add --gil for on-CPU Python only)")
+    parser.add_argument("--worker-pgoptions", metavar="OPTIONS",
+                        help="server settings for the worker of A, C, L and K only, as libpq's PGOPTIONS (e.g. "
+                             "--worker-pgoptions='-c synchronous_commit=off'): for experiments, never for the "
+                             "figures reported")
     args = parser.parse_args()
     args.steps = args.steps or args.n
     args.jobs = args.jobs or 10 * args.n
@@ -809,7 +815,8 @@ def main() -> int:
     worker = None
     try:
         if any(part in args.parts for part in "ACLK"):
-            worker = WorkerProcess(args.url, args.schema, WORK_QUEUE, args.concurrency)
+            worker = WorkerProcess(args.url, args.schema, WORK_QUEUE, args.concurrency,
+                                   pgoptions=args.worker_pgoptions)
             if "A" in args.parts:
                 part_a(bench, args, worker, results)
             if "C" in args.parts:
