@@ -311,3 +311,36 @@ async def test_a_lost_connection_raises_an_operational_error_on_the_event_loop(d
         with pytest.raises(psycopg.OperationalError):
             await store.arun(conn, call)
         assert conn.broken
+
+
+def _fail_at_commit(own: store.calls.OwnConnection, workflow_id: str) -> None:
+    """A deferred constraint trigger that refuses, at commit, the execution of this id: the statement has sent
+    its rows by then, and the error comes after them."""
+    own.execute("""
+        CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'refused at commit: %', NEW.id USING ERRCODE = 'check_violation';
+        END $$""")
+    own.execute(sql.SQL("""
+        CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON workflow_executions
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.id = {})
+        EXECUTE FUNCTION refuse_at_commit()""").format(sql.Literal(workflow_id)))
+
+
+def test_a_commit_that_fails_after_the_rows_raises(app: pgdurable.App, own: store.calls.OwnConnection) -> None:
+    """Outside a transaction a statement commits after sending its rows; a failed commit rolls them back, and
+    the caller must hear the error, not the rows (libpq hands both over, rows first)."""
+    @app.workflow()
+    def job() -> None:
+        return None
+
+    _fail_at_commit(own, "doomed-at-commit")
+    app.enqueue(job, workflow_id="fine")  # the connection has its statement prepared: the libpq path
+    with pytest.raises(psycopg.errors.CheckViolation, match="refused at commit"):
+        app.enqueue(job, workflow_id="doomed-at-commit")
+    rows = own.execute("SELECT id FROM workflow_executions ORDER BY id").fetchall()
+    assert rows == [("fine",)]
+    # The same on the event loop (the worker's claims, checkpoints and completions).
+    with pytest.raises(psycopg.errors.CheckViolation, match="refused at commit"):
+        asyncio.run(app.enqueue_async(job, workflow_id="doomed-at-commit"))
+    assert own.execute("SELECT count(*) FROM workflow_executions WHERE id = 'doomed-at-commit'").fetchone() == (0,)

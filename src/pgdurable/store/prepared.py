@@ -210,7 +210,12 @@ _POLL = hasattr(select, "poll")
 
 def _result(pgconn: pq.abc.PGconn) -> Generator[None, None, pq.abc.PGresult]:
     """The result of the one statement just sent, read up to the end of the exchange (the server's
-    ReadyForQuery). Yields whenever libpq needs the driver to wait for more of the answer."""
+    ReadyForQuery). Yields whenever libpq needs the driver to wait for more of the answer.
+
+    An error that comes after the rows wins: outside a transaction the statement commits after it has sent
+    them, and a commit that fails (a deferred constraint, a full NOTIFY queue, on Citus a node's PREPARE
+    cancelled) rolls back what the rows reported. Taking the rows then, as this once did, reported written a
+    child start and its step that no longer existed (the Citus fault-injection run, docs/benchmarks.md)."""
     result = None
     while True:
         yield
@@ -218,7 +223,9 @@ def _result(pgconn: pq.abc.PGconn) -> Generator[None, None, pq.abc.PGresult]:
         if found is None:
             assert result is not None
             return result
-        result = result or found
+        if result is None or (found.status == pq.ExecStatus.FATAL_ERROR
+                              and result.status != pq.ExecStatus.FATAL_ERROR):
+            result = found
 
 
 def _wait(pgconn: pq.abc.PGconn, timeout: float | None) -> bool:
