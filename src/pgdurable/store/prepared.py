@@ -214,8 +214,8 @@ def _result(pgconn: pq.abc.PGconn) -> Generator[None, None, pq.abc.PGresult]:
 
     An error that comes after the rows wins: outside a transaction the statement commits after it has sent
     them, and a commit that fails (a deferred constraint, a full NOTIFY queue, on Citus a node's PREPARE
-    cancelled) rolls back what the rows reported. Taking the rows then, as this once did, reported written a
-    child start and its step that no longer existed (the Citus fault-injection run, docs/benchmarks.md)."""
+    cancelled) rolls back what the rows reported. Taking the rows then, as this once did, reported a child's
+    start written when neither it nor its step was (`bench/chaos.py --scenarios cancelq --cluster DIR`)."""
     result = None
     while True:
         yield
