@@ -20,6 +20,7 @@ from .pools import AsyncStackPool, StackPool
 from .redaction import check_database_url
 
 T = TypeVar("T")
+P = TypeVar("P", bound=AsyncConnectionPool[Any])
 # Statements that depend on each other's results, written once for both drivers: a generator that yields
 # each store.Call and receives its result (run_plan and arun_plan run it, on one connection).
 CallPlan = Generator["store.Call[Any]", Any, T]
@@ -58,8 +59,8 @@ class Database:
         self.auto_migrate = auto_migrate
         self.pool_size = pool_size
         self._lock = threading.RLock()
-        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
-        self._async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
+        self._pool: StackPool | None = None
+        self._async_pools: dict[asyncio.AbstractEventLoop, AsyncStackPool] = {}
         # Connections for transactional steps: the application's own settings, untouched by pgdurable.
         self._app_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._app_async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
@@ -113,7 +114,7 @@ class Database:
         return conn
 
     @property
-    def pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+    def pool(self) -> StackPool:
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
@@ -138,12 +139,12 @@ class Database:
         return self._app_pool
 
     def run(self, call: store.Call[T]) -> T:
-        with self.pool.connection() as conn:
+        with self.pool.lend() as conn:
             return store.run(conn, call)
 
     def run_plan(self, plan: CallPlan[T], *, transaction: bool = False) -> T:
         """Run the statements of ``plan`` on one connection (all in one transaction with ``transaction``)."""
-        with self.pool.connection() as conn, conn.transaction() if transaction else contextlib.nullcontext():
+        with self.pool.lend() as conn, conn.transaction() if transaction else contextlib.nullcontext():
             result: Any = None
             while True:
                 try:
@@ -160,7 +161,7 @@ class Database:
         await aconfigure(conn, self.schema, self.distributed)
         return conn
 
-    async def async_pool(self, size: int | None = None) -> AsyncConnectionPool[Any]:
+    async def async_pool(self, size: int | None = None) -> AsyncStackPool:
         """The async pool of the running event loop (async pools cannot be shared across loops)."""
         loop = asyncio.get_running_loop()
         pool = self._async_pools.get(loop)
@@ -192,12 +193,12 @@ class Database:
 
     async def arun(self, call: store.Call[T]) -> T:
         pool = await self.async_pool()
-        async with pool.connection() as conn:
+        async with pool.lend() as conn:
             return await store.arun(conn, call)
 
     async def arun_plan(self, plan: CallPlan[T], *, transaction: bool = False) -> T:
         pool = await self.async_pool()
-        async with pool.connection() as conn, conn.transaction() if transaction else contextlib.nullcontext():
+        async with pool.lend() as conn, conn.transaction() if transaction else contextlib.nullcontext():
             result: Any = None
             while True:
                 try:
@@ -223,8 +224,7 @@ class Database:
         self._pool = self._app_pool = None
 
 
-async def _keep_first(pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]],
-                      loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool[Any]) -> AsyncConnectionPool[Any]:
+async def _keep_first(pools: dict[asyncio.AbstractEventLoop, P], loop: asyncio.AbstractEventLoop, pool: P) -> P:
     """Register a new pool for ``loop``, unless another task of that loop registered one while this one was
     being made (both awaited on the way): then close this one and use that one. Overwriting it instead would
     leave it unreferenced, with its connections open and its worker tasks pending until collected."""
