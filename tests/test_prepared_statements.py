@@ -160,6 +160,30 @@ def test_a_statement_whose_result_a_migration_changed_is_prepared_again(own: sto
     assert len(_prepared_names(own)) == 1
 
 
+def test_rows_are_made_by_name_again_after_a_statement_is_prepared_again(own: store.calls.OwnConnection) -> None:
+    """A connection keeps the row maker of each prepared statement and row factory (it reads the column names
+    once): rows stay right from call to call, after the statement is prepared again because a migration changed
+    its result, for a row factory made anew at each call, and for one factory used by two statements."""
+    own.execute("SELECT enqueue_workflow('job', '{\"i\": 1}', 'q', workflow_id => 'made-by-name')")
+    calls = [store.executions.get_execution("made-by-name") for _ in range(3)]
+    first = [off_main(lambda c=c: store.run(own, c)) for c in calls[:2]]
+    assert [(e.id, e.name, e.queue, e.status) for e in first if e is not None] == \
+        [("made-by-name", "job", "q", "enqueued")] * 2
+    own.execute("ALTER TABLE workflow_executions ALTER COLUMN forked_from TYPE varchar(200)")
+    again = off_main(lambda: store.run(own, calls[2]))
+    assert again is not None and (again.id, again.name, again.queue) == ("made-by-name", "job", "q")
+    assert len(_prepared_names(own)) == 1
+    fresh = store.Call("get_execution", {"id": "made-by-name"}, store.calls.first,
+                       row_factory=psycopg.rows.class_row(store.executions.Execution))
+    assert [off_main(lambda: store.run(own, fresh)).status for _ in range(2)] == ["enqueued", "enqueued"]
+    # One row factory on two statements: each statement's own columns.
+    status, execution = (off_main(lambda n=n: store.run(own, store.Call(n, {"id": "made-by-name"}, store.calls.first,
+                                                                            row_factory=psycopg.rows.dict_row)))
+                         for n in ("get_status", "get_execution"))
+    assert status == {"status": "enqueued", "output": None, "error": None}
+    assert execution is not None and (execution["id"], execution["queue"]) == ("made-by-name", "q")
+
+
 def test_transactions_keep_the_cursor(own: store.calls.OwnConnection) -> None:
     call = store.executions.get_execution("nobody")
     in_transaction(own, call)

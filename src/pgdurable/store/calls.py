@@ -13,12 +13,12 @@ import re
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import BaseRowFactory, tuple_row
+from psycopg.rows import BaseRowFactory, class_row, tuple_row
 
 from ..errors import SchemaNotInstalled
 from ..sqlfiles import query, schema_sql
@@ -38,6 +38,14 @@ class Call(Generic[T]):
     schema: str | None = None
     # How to build each row, by column name (psycopg.rows.class_row / dict_row); None: plain tuples.
     row_factory: BaseRowFactory[Any] | None = None
+
+
+@cache
+def rows_of(cls: type[T]) -> BaseRowFactory[T]:
+    """psycopg's ``class_row(cls)``, made once: each call gets the same factory, so that a connection's
+    prepared statement keeps the row maker the factory made for it (store/prepared.py) instead of
+    reading the result's column names again at every call."""
+    return class_row(cls)
 
 
 def _statement(call: Call[Any], conn: Any = None) -> Any:

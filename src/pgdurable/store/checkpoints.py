@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 
-from .calls import Call, Rows, every
+from .calls import Call, Rows, every, rows_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,4 +80,4 @@ def write_checkpoints(steps: str, completions: str, bells: str = "[]", few: bool
 
 
 def list_steps(id: str) -> Call[list[Step]]:
-    return Call("list_steps", {"id": id}, every, row_factory=class_row(Step))
+    return Call("list_steps", {"id": id}, every, row_factory=rows_of(Step))

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 
-from .calls import Call, every, first_column, pairs
+from .calls import Call, every, first_column, pairs, rows_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ def claim(*, queue: str, names: list[str], owner: str, lease: float, limit: int,
     ``arm``: a claim that finds nothing also arms the owner's doorbell for the queue (single node only)."""
     return Call("claim", {"queue": queue, "names": names, "owner": owner, "lease": lease, "limit": limit,
                           "version": version, "adopt": adopt, "bucket": bucket, "arm": arm}, every,
-                row_factory=class_row(Claimed))
+                row_factory=rows_of(Claimed))
 
 
 def claimable_buckets(*, queue: str, names: list[str]) -> Call[list[int]]:
@@ -56,7 +56,7 @@ def claim_with_policy(*, queue: str, names: list[str], owner: str, lease: float,
                       version: str, adopt: float | None = None) -> Call[list[Claimed]]:
     return Call("claim_with_policy", {"queue": queue, "names": names, "owner": owner, "lease": lease,
                                       "limit": limit, "version": version, "adopt": adopt}, every,
-                row_factory=class_row(Claimed))
+                row_factory=rows_of(Claimed))
 
 
 def buckets_of(ids: list[str]) -> Call[dict[str, int]]:
@@ -105,11 +105,11 @@ class Named:
 
 
 def sweep_expired() -> Call[list[Swept]]:
-    return Call("sweep_expired", {}, every, row_factory=class_row(Swept))
+    return Call("sweep_expired", {}, every, row_factory=rows_of(Swept))
 
 
 def fail_unrunnable(grace: float) -> Call[list[Named]]:
-    return Call("fail_unrunnable", {"grace": grace}, every, row_factory=class_row(Named))
+    return Call("fail_unrunnable", {"grace": grace}, every, row_factory=rows_of(Named))
 
 
 # On a schema with the Citus layout the duties above run one bucket per statement (worker/maintenance/buckets.py):
@@ -126,9 +126,9 @@ def expire_bucket(bucket: int, limit: int) -> Call[list[Any]]:
 
 
 def sweep_bucket(bucket: int, limit: int) -> Call[list[Swept]]:
-    return Call("citus_sweep_bucket", {"bucket": bucket, "limit": limit}, every, row_factory=class_row(Swept))
+    return Call("citus_sweep_bucket", {"bucket": bucket, "limit": limit}, every, row_factory=rows_of(Swept))
 
 
 def fail_unrunnable_bucket(bucket: int, grace: float, limit: int) -> Call[list[Named]]:
     return Call("citus_fail_unrunnable_bucket", {"bucket": bucket, "grace": grace, "limit": limit}, every,
-                row_factory=class_row(Named))
+                row_factory=rows_of(Named))

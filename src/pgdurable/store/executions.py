@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import class_row
-
-from .calls import Call, every, first, only, pairs
+from .calls import Call, every, first, only, pairs, rows_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +84,13 @@ def enqueue(*, id: str, name: str, queue: str, priority: int, input: str, max_re
                             "dedup_key": dedup_key, "concurrency_key": concurrency_key, "trace": trace,
                             "tags": tags, "debounce_key": debounce_key, "debounce_seconds": debounce_seconds,
                             "debounce_max_seconds": debounce_max_seconds},
-                first, row_factory=class_row(Enqueued))
+                first, row_factory=rows_of(Enqueued))
 
 
 def find_enqueued(*, id: str, queue: str, dedup_key: str | None) -> Call[Enqueued | None]:
     """What holds the id, else the dedup key, of an enqueue that created nothing."""
     return Call("find_enqueued", {"id": id, "queue": queue, "dedup_key": dedup_key}, first,
-                row_factory=class_row(Enqueued))
+                row_factory=rows_of(Enqueued))
 
 
 def enqueue_in_transaction(call: Call[Enqueued | None], schema: str) -> Call[str]:
@@ -115,7 +113,7 @@ def names_of(ids: list[str]) -> Call[dict[str, Any]]:
 
 
 def get_execution(id: str) -> Call[Execution | None]:
-    return Call("get_execution", {"id": id}, first, row_factory=class_row(Execution))
+    return Call("get_execution", {"id": id}, first, row_factory=rows_of(Execution))
 
 
 def get_status(id: str) -> Call[tuple[Any, ...] | None]:
@@ -130,14 +128,14 @@ def await_status(id: str) -> Call[tuple[Any, ...] | None]:
 def list_executions(*, status: str | None, name: str | None, queue: str | None,
                     limit: int) -> Call[list[Execution]]:
     return Call("list_executions", {"status": status, "name": name, "queue": queue, "limit": limit},
-                every, row_factory=class_row(Execution))
+                every, row_factory=rows_of(Execution))
 
 
 def list_executions_by_tags(*, tags: str, status: str | None, name: str | None, queue: str | None,
                             limit: int) -> Call[list[Execution]]:
     """``tags``: a JSON object's text; executions whose tags contain it."""
     return Call("list_executions_by_tags", {"tags": tags, "status": status, "name": name, "queue": queue,
-                                            "limit": limit}, every, row_factory=class_row(Execution))
+                                            "limit": limit}, every, row_factory=rows_of(Execution))
 
 
 def cancel(id: str) -> Call[bool]:
@@ -161,7 +159,7 @@ class Unserved:
 
 
 def unserved(id: str) -> Call[Unserved | None]:
-    return Call("unserved", {"id": id}, first, row_factory=class_row(Unserved))
+    return Call("unserved", {"id": id}, first, row_factory=rows_of(Unserved))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +173,7 @@ class Forked:
 
 def fork(*, source: str, id: str, from_step: int) -> Call[Forked]:
     return Call("fork", {"source": source, "id": id, "from_step": from_step},
-                only, row_factory=class_row(Forked))
+                only, row_factory=rows_of(Forked))
 
 
 def trace_contexts(ids: list[str]) -> Call[dict[str, Any]]:

@@ -69,7 +69,7 @@ class Statements:
     values. One exchange with the server is written once (``_exchange``, a generator that yields whenever it
     needs libpq to have a whole result) and driven by ``run`` in ``poll`` or by ``arun`` on the event loop."""
 
-    __slots__ = ("_conn", "_numbers", "_prepared", "_refused", "_tx")
+    __slots__ = ("_conn", "_encoding", "_makers", "_numbers", "_prepared", "_refused", "_tx")
 
     def __init__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         self._conn = conn
@@ -77,6 +77,14 @@ class Statements:
         self._numbers = itertools.count()  # statement names are never reused on the connection
         self._refused: set[tuple[str, bool]] = set()  # queries the server would not prepare untyped
         self._tx = Transformer(conn)
+        # Read once: pgdurable's own connections never change their client_encoding (conn.info makes a new
+        # object at every access, and its encoding looks the setting up again).
+        self._encoding = conn.info.encoding
+        # The row maker of each (prepared statement, row factory): a row factory reads the result's column
+        # names to make it, and a prepared statement's columns do not change (the server refuses to run it
+        # after a migration changed them, and it is prepared again under a new name). Cleared when it grows
+        # past _MAX_MAKERS (a row factory made anew for each call never hits it).
+        self._makers: dict[tuple[bytes, Any], Callable[[Any], Any]] = {}
 
     def usable(self, name: str, citus: bool) -> bool:
         """Outside a transaction only: a statement the server refuses to prepare must not abort the caller's
@@ -107,7 +115,8 @@ class Statements:
                         raise
                     exchange.send(None)
             except StopIteration as done:
-                return self._rows(done.value, read, row_factory)
+                statement, result = done.value
+                return self._rows(statement, result, read, row_factory)
 
     async def arun(self, name: str, citus: bool, params: Mapping[str, Any],
                    read: Callable[[list[Any]], Any], row_factory: BaseRowFactory[Any] | None) -> Any:
@@ -128,19 +137,22 @@ class Statements:
                         raise
                     exchange.send(None)
             except StopIteration as done:
-                return self._rows(done.value, read, row_factory)
+                statement, result = done.value
+                return self._rows(statement, result, read, row_factory)
 
-    def _exchange(self, name: str, citus: bool, params: Mapping[str, Any]) -> Generator[None, None, Any]:
-        """Prepare the query if this connection has not, execute it: its result, or NOT_PREPARED."""
+    def _exchange(self, name: str, citus: bool, params: Mapping[str, Any],
+                  ) -> Generator[None, None, tuple[bytes, Any]]:
+        """Prepare the query if this connection has not, execute it: the statement and its result, or
+        NOT_PREPARED for both."""
         statement = self._prepared.get((name, citus))
         if statement is None:
             statement = yield from self._prepare(name, citus)
             if statement is None:
-                return NOT_PREPARED
-        form = converted(name, citus)
-        values = self._tx.dump_sequence([params[n] for n in form.names], [PyFormat.TEXT] * len(form.names))
+                return b"", NOT_PREPARED
+        names = converted(name, citus).names
+        values = self._tx.dump_sequence([params[n] for n in names], _text_formats(len(names)))
         try:
-            return (yield from self._execute(statement, values))
+            return statement, (yield from self._execute(statement, values))
         except (_GONE, errors.FeatureNotSupported) as exc:
             if isinstance(exc, _GONE):  # deallocated behind our back (DEALLOCATE ALL, DISCARD ALL)
                 self._prepared.clear()
@@ -150,8 +162,8 @@ class Statements:
                 raise
         statement = yield from self._prepare(name, citus)  # prepared again, once
         if statement is None:
-            return NOT_PREPARED
-        return (yield from self._execute(statement, values))
+            return b"", NOT_PREPARED
+        return statement, (yield from self._execute(statement, values))
 
     def _prepare(self, name: str, citus: bool) -> Generator[None, None, bytes | None]:
         """The statement's name once prepared; None if the server would not prepare it (then the cursor runs
@@ -160,7 +172,7 @@ class Statements:
         self._conn.pgconn.send_prepare(statement, converted(name, citus).text)
         result = yield from _result(self._conn.pgconn)
         if result.status == pq.ExecStatus.FATAL_ERROR:
-            if isinstance(errors.error_from_result(result, encoding=self._conn.info.encoding), _UNTYPED):
+            if isinstance(errors.error_from_result(result, encoding=self._encoding), _UNTYPED):
                 self._refused.add((name, citus))
             return None
         self._prepared[(name, citus)] = statement
@@ -179,7 +191,7 @@ class Statements:
     def _check(self, result: pq.abc.PGresult) -> pq.abc.PGresult:
         if result.status != pq.ExecStatus.FATAL_ERROR:
             return result
-        error = errors.error_from_result(result, encoding=self._conn.info.encoding)
+        error = errors.error_from_result(result, encoding=self._encoding)
         if result.error_field(pq.DiagnosticField.SQLSTATE) is None:
             # libpq's own error, not the server's (which always has a SQLSTATE): the connection was lost (a
             # server gone, a network cut). An OperationalError, which the writer and the pools take for a
@@ -187,13 +199,20 @@ class Statements:
             raise psycopg.OperationalError(str(error) or "the connection to the server was lost") from error
         raise error
 
-    def _rows(self, result: Any, read: Callable[[list[Any]], Any], row_factory: BaseRowFactory[Any] | None) -> Any:
+    def _rows(self, statement: bytes, result: Any, read: Callable[[list[Any]], Any],
+              row_factory: BaseRowFactory[Any] | None) -> Any:
         if result is NOT_PREPARED:
             return result
         if result.status != pq.ExecStatus.TUPLES_OK:  # (a statement with no RETURNING)
             return read([])
         self._tx.set_pgresult(result)
-        make_row = (row_factory or _tuples)(_Rows(result, self._conn.info.encoding))  # type: ignore[arg-type]
+        made = tuple if row_factory is None else self._makers.get((statement, row_factory))
+        if made is None:
+            assert row_factory is not None
+            if len(self._makers) >= _MAX_MAKERS:
+                self._makers.clear()
+            made = self._makers[(statement, row_factory)] = row_factory(_Rows(result, self._encoding))  # type: ignore[arg-type]
+        make_row = made
         try:
             return read(self._tx.load_rows(0, result.ntuples, make_row))
         finally:
@@ -202,6 +221,7 @@ class Statements:
 
 
 NOT_PREPARED = object()
+_MAX_MAKERS = 64
 log = logging.getLogger("pgdurable")
 # How long an interrupted statement's cancellation may take before its connection is closed instead.
 _CANCEL_SECONDS = 5.0
@@ -333,5 +353,7 @@ class _Rows:
         self.pgresult, self._encoding = pgresult, encoding
 
 
-def _tuples(_: Any) -> Callable[[Any], tuple[Any, ...]]:
-    return tuple
+@cache
+def _text_formats(count: int) -> list[PyFormat]:
+    """The formats of ``count`` parameters all sent as text (one list per count, read and never changed)."""
+    return [PyFormat.TEXT] * count
