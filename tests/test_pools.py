@@ -5,7 +5,12 @@ psycopg_pool release that changes the step the pools override shows here, not as
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
+
+import pytest
+from psycopg_pool import PoolClosed
 
 import pgdurable
 from pgdurable.pools import AsyncStackPool, StackPool
@@ -72,3 +77,61 @@ def test_one_caller_enqueues_through_one_server_process(app: pgdurable.App) -> N
         app.enqueue(noop, i)
         used.update((pid(), pid()))
     assert len(used) == 1
+
+
+def test_lend_takes_the_newest_connection_and_gives_it_back_without_the_pools_bookkeeping(
+        database_url: str) -> None:
+    """lend() takes and gives back an idle connection itself (the psycopg_pool release installed keeps the
+    state it uses: should one rename it, this fails instead of every call quietly taking the slower path)."""
+    with StackPool(database_url, min_size=2, max_size=2, open=True, kwargs={"autocommit": True}) as pool:
+        pool.wait()
+        assert pool._lean
+        a, b = pool.getconn(), pool.getconn()
+        pool.putconn(a)
+        pool.putconn(b)
+        requests = pool.get_stats().get("requests_num", 0)
+        for _ in range(5):
+            with pool.lend() as conn:
+                assert _backend(conn) == _backend(b)
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert pool.get_stats().get("requests_num", 0) == requests  # neither getconn nor putconn ran
+        with pool.lend() as first, pool.lend() as second:
+            assert [_backend(first), _backend(second)] == [_backend(b), _backend(a)]
+        assert len(pool._pool) == 2
+
+
+def test_lend_leaves_what_is_not_plain_to_the_pool(database_url: str) -> None:
+    """A connection given back in a transaction is rolled back, a broken one replaced, and one a waiting
+    client needs handed to it, by psycopg_pool's own putconn."""
+    with StackPool(database_url, min_size=1, max_size=1, open=True, kwargs={"autocommit": True}) as pool:
+        pool.wait()
+        with pool.lend() as conn:
+            pid = _backend(conn)
+            conn.execute("BEGIN")
+            conn.execute("CREATE TEMP TABLE left_open (x int)")
+        with pool.lend() as conn:  # the same connection, its transaction rolled back
+            assert _backend(conn) == pid
+            assert conn.execute("SELECT to_regclass('left_open')").fetchone() == (None,)
+        with pool.lend() as conn:
+            conn.pgconn.finish()  # broken while lent
+        with pool.lend() as conn:  # a new connection in its place
+            assert _backend(conn) != pid
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        got: list[int] = []
+        with pool.lend() as conn:
+            waiter = threading.Thread(target=lambda: got.append(_wait_for_connection(pool)))
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while not pool._waiting and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert pool._waiting, "the second caller never waited"
+            lent_pid = _backend(conn)
+        waiter.join(30)
+        assert got == [lent_pid]  # handed over as it came back, not left idle in the pool
+    with pytest.raises(PoolClosed), pool.lend():
+        pass
+
+
+def _wait_for_connection(pool: StackPool) -> int:
+    with pool.lend() as conn:
+        return _backend(conn)

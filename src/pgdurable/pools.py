@@ -9,35 +9,79 @@ the same. Measured (docs/benchmarks.md): one-at-a-time ``app.enqueue`` with two 
 ms a call, 0.50-0.59 ms with this order.
 
 ``lend()`` is the lean form of ``connection()`` that pgdurable's own statements take (``Database.run`` and
-the like): each enqueue and status look used to pay 8 us of CPU for the parts of ``connection()`` they do not
-need (docs/benchmarks.md, "A lean lend of a pooled connection").
+the like): each enqueue and status look paid 10-30 us of client CPU for what surrounds the pool's own taking
+and giving back of a connection (docs/benchmarks.md, "The client's share of an enqueue, trimmed").
 
 The pools override one step of psycopg_pool (taking a ready connection): they move the newest connection to
-the front of psycopg_pool's queue first. Should a psycopg_pool release rename that step, the pools fall back to
-its queue order, which is slower and still correct (tests/test_pools.py notices).
+the front of psycopg_pool's queue first; and ``lend()`` takes and gives back idle connections as psycopg_pool
+does, under its lock. Should a psycopg_pool release rename that step, the pools fall back to its queue order,
+which is slower and still correct; should it rename the state ``lend()`` uses, ``lend()`` falls back to
+``getconn`` and ``putconn`` (tests/test_pools.py notices both).
 """
 
 from __future__ import annotations
 
+from math import inf
+from time import monotonic
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 
 class StackPool(ConnectionPool[psycopg.Connection[Any]]):
     """A ConnectionPool that hands out the connection returned last."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Whether this psycopg_pool keeps the state lend() reads and writes (else lend() is getconn/putconn).
+        self._lean = all(hasattr(self, name) for name in _LEAN_STATE)
+
     def _get_ready_connection(self, timeout: float | None) -> psycopg.Connection[Any] | None:
         self._pool.rotate(1)  # under the pool's lock: the newest (right) end becomes the one taken (left)
         return super()._get_ready_connection(timeout)
 
     def lend(self) -> Lent:
-        """As ``connection()``, for pgdurable's own statements, which leave no transaction open: without
-        the connection's own context (a ``commit`` that has nothing to commit), the generator and the usage
-        statistics around it. A connection returned in a transaction or mid-statement is rolled back or
-        replaced by ``putconn``, as after ``connection()``."""
+        """As ``connection()``, for pgdurable's own statements, which leave no transaction open. In the
+        common case (an idle connection to take, one in a clean state to give back, nobody waiting) it takes
+        and returns the connection under the pool's lock as psycopg_pool does, without what surrounds that
+        in ``connection()``: the connection's own context (a commit with nothing to commit), a generator,
+        log lines and statistics. Any other case goes through ``getconn`` and ``putconn``."""
         return Lent(self)
+
+    def _take_idle(self) -> psycopg.Connection[Any] | None:
+        """The connection returned last, if one is idle (and the pool open, with no check to run on it)."""
+        if not self._lean or self._check is not None:
+            return None
+        with self._lock:
+            if self._closed or not self._pool:
+                return None
+            conn = self._pool.pop()  # the newest end, as _get_ready_connection takes
+            self._nconns_min = min(self._nconns_min, len(self._pool))  # (what the pool shrinks by)
+        conn._pool = self
+        return conn
+
+    def _give_back(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether ``conn`` went back to the idle connections: it is idle, not due to be replaced, there is
+        no reset to run and no client waiting. False: ``putconn`` has it to do."""
+        if (not self._lean or self._reset is not None or self._pool_full_event is not None
+                or getattr(conn, "_pool", None) is not self
+                or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE
+                or getattr(conn, "_created_at", -inf) <= self._drained_at
+                or getattr(conn, "_expire_at", -inf) <= monotonic()):
+            return False
+        with self._lock:
+            if self._closed or self._waiting:
+                return False
+            conn._pool = None
+            self._pool.append(conn)
+        return True
+
+
+# What StackPool.lend reads and writes of psycopg_pool's state (3.2 and later).
+_LEAN_STATE = ("_check", "_lock", "_closed", "_pool", "_nconns_min", "_reset", "_pool_full_event", "_drained_at",
+               "_waiting")
 
 
 class Lent:
@@ -49,11 +93,15 @@ class Lent:
         self._pool = pool
 
     def __enter__(self) -> psycopg.Connection[Any]:
-        self._conn = self._pool.getconn()
-        return self._conn
+        conn = self._pool._take_idle()
+        if conn is None:
+            conn = self._pool.getconn()
+        self._conn = conn
+        return conn
 
     def __exit__(self, *exc: object) -> None:
-        self._pool.putconn(self._conn)
+        if not self._pool._give_back(self._conn):
+            self._pool.putconn(self._conn)
 
 
 class AsyncStackPool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
