@@ -27,7 +27,7 @@ for line in open(sys.argv[1]):
     r, side, figures = line.split(" ", 2)
     runs.setdefault(r, {})[side] = json.loads(figures)
 pairs = [p for p in runs.values() if len(p) == 2]
-for key in ("enqueue_cpu_us", "enqueue_wall_us", "step_wall_us"):
+for key in ("enqueue_cpu_us", "enqueue_wall_us", "step_cpu_us", "step_wall_us"):
     old = [p["old"][key] for p in pairs]
     new = [p["new"][key] for p in pairs]
     diff = statistics.median(p["old"][key] - p["new"][key] for p in pairs)
