@@ -38,10 +38,6 @@ from ..sqlfiles import query
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 # SQLSTATE 26000: a statement prepared here was deallocated (DEALLOCATE ALL, DISCARD ALL on the connection).
 _GONE = errors.InvalidSqlStatementName
-# The refusals after which a prepared statement is prepared again: 26000 (_GONE), and 0A000, which is how the
-# server refuses a statement whose result columns a migration changed ("cached plan must not change result
-# type"; _exchange tells it from other 0A000 errors, which it raises).
-_PREPARE_AGAIN = (b"26000", b"0A000")
 # What the server answers a query it cannot type without psycopg's parameter types: it runs through a cursor.
 _UNTYPED = (errors.IndeterminateDatatype, errors.AmbiguousFunction, errors.DatatypeMismatch)
 
@@ -106,44 +102,21 @@ class Statements:
         conn = self._conn
         assert isinstance(conn, psycopg.Connection)
         with conn.lock:
-            statement = self._prepared.get((name, citus))
-            if statement is not None:
-                result = self._execute_prepared(conn, statement, converted(name, citus).names, params)
-                if result is not None:
-                    return self._rows(statement, result, read, row_factory)
             exchange = self._exchange(name, citus, params)
             try:
                 next(exchange)
                 while True:
-                    _wait_or_cancel(conn)
+                    try:
+                        _wait(conn.pgconn, None)
+                    except psycopg.Error:
+                        raise  # the connection lost: nothing to cancel
+                    except BaseException:  # interrupted: Ctrl-C, a signal handler's exception
+                        _cancel(conn)
+                        raise
                     exchange.send(None)
             except StopIteration as done:
                 statement, result = done.value
                 return self._rows(statement, result, read, row_factory)
-
-    def _execute_prepared(self, conn: psycopg.Connection[Any], statement: bytes, names: tuple[str, ...],
-                          params: Mapping[str, Any]) -> pq.abc.PGresult | None:
-        """The common case of ``run``, a statement this connection has prepared, without the generators of
-        ``_exchange`` (their layers cost a checkpoint or an enqueue about 7 us of CPU): its result, or None
-        when the server no longer knows the statement or refused its result's columns (``_exchange`` then
-        runs it again and prepares it anew; the server refused it before running it)."""
-        pgconn = conn.pgconn
-        pgconn.send_query_prepared(statement, self._tx.dump_sequence([params[n] for n in names],
-                                                                     _text_formats(len(names))))
-        result = None
-        while True:
-            _wait_or_cancel(conn)
-            found = pgconn.get_result()
-            if found is None:
-                break
-            result = _kept(result, found)
-        assert result is not None
-        if result.status == pq.ExecStatus.FATAL_ERROR and (
-                sqlstate := result.error_field(pq.DiagnosticField.SQLSTATE)) in _PREPARE_AGAIN:
-            if sqlstate == b"26000":  # deallocated behind our back: so is every statement prepared here
-                self._prepared.clear()
-            return None
-        return self._check(result)
 
     async def arun(self, name: str, citus: bool, params: Mapping[str, Any],
                    read: Callable[[list[Any]], Any], row_factory: BaseRowFactory[Any] | None) -> Any:
@@ -270,27 +243,9 @@ def _result(pgconn: pq.abc.PGconn) -> Generator[None, None, pq.abc.PGresult]:
         if found is None:
             assert result is not None
             return result
-        result = _kept(result, found)
-
-
-def _kept(result: pq.abc.PGresult | None, found: pq.abc.PGresult) -> pq.abc.PGresult:
-    """Of an exchange's results so far and the next one, the one to report: the first, unless an error
-    comes after it (see ``_result``)."""
-    if result is None or (found.status == pq.ExecStatus.FATAL_ERROR and result.status != pq.ExecStatus.FATAL_ERROR):
-        return found
-    return result
-
-
-def _wait_or_cancel(conn: psycopg.Connection[Any]) -> None:
-    """``_wait`` for the statement sent on ``conn``; interrupted (Ctrl-C, a signal handler's exception), the
-    statement is cancelled on the server first."""
-    try:
-        _wait(conn.pgconn, None)
-    except psycopg.Error:
-        raise  # the connection lost: nothing to cancel
-    except BaseException:
-        _cancel(conn)
-        raise
+        if result is None or (found.status == pq.ExecStatus.FATAL_ERROR
+                              and result.status != pq.ExecStatus.FATAL_ERROR):
+            result = found
 
 
 def _wait(pgconn: pq.abc.PGconn, timeout: float | None) -> bool:
