@@ -227,13 +227,18 @@ def _lock_waits(conn: psycopg.Connection[Any], pid: int) -> bool:
     return bool(row and row[0])
 
 
+@pytest.mark.parametrize("prepared_before", [False, True], ids=["preparing", "prepared"])
 def test_an_interrupted_wait_cancels_the_statement(database_url: str, schema: str, own: store.calls.OwnConnection,
-                                                   interrupt_soon: Callable[[float], None]) -> None:
+                                                   interrupt_soon: Callable[[float], None],
+                                                   prepared_before: bool) -> None:
     """A statement that waits on a lock, on the main thread, ends when the thread is interrupted: the
     exception goes on up, the server cancelled the statement (the lock is no longer waited for), and the
-    connection serves the next statement."""
+    connection serves the next statement. Whether the wait is the statement's preparation or, prepared
+    before, its execution."""
     own.execute("INSERT INTO workflow_executions (id, name, input) VALUES ('held', 'w', '{}')")
     call = store.executions.cancel("held")
+    if prepared_before:
+        assert store.run(own, store.executions.cancel("nobody")) is False
     with psycopg.connect(database_url) as holder:
         holder.execute(sql.SQL("LOCK TABLE {}.workflow_executions IN ACCESS EXCLUSIVE MODE").format(
             sql.Identifier(schema)))
