@@ -152,8 +152,11 @@ def test_async_debounce_and_bad_options(app: pgdurable.App) -> None:
         return n
 
     async def burst() -> set[str]:
-        handles = [await app.enqueue_async(job, n, debounce_key="a", debounce_seconds=30) for n in range(5)]
-        return {h.workflow_id for h in handles}
+        try:
+            handles = [await app.enqueue_async(job, n, debounce_key="a", debounce_seconds=30) for n in range(5)]
+            return {h.workflow_id for h in handles}
+        finally:
+            await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
 
     assert len(asyncio.run(burst())) == 1
     for options, match in (({"debounce_key": "a"}, "needs debounce_seconds"),

@@ -77,7 +77,10 @@ def test_async_writer_and_async_reader(app: pgdurable.App, start_worker: Callabl
     handle = app.enqueue(counter, 50, workflow_id="c-1")
 
     async def read_all() -> list[Any]:
-        return [value async for value in app.read_stream_async("c-1", "count")]
+        try:
+            return [value async for value in app.read_stream_async("c-1", "count")]
+        finally:
+            await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
 
     assert asyncio.run(read_all()) == list(range(50))
     assert handle.result(timeout=WAIT) == 50

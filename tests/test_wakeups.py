@@ -647,7 +647,7 @@ def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable
     for thread in waiting:
         thread.start()
     seen_async: list[Any] = []
-    waiting_async = threading.Thread(target=lambda: seen_async.extend(asyncio.run(_gather(wait_async, kinds))))
+    waiting_async = threading.Thread(target=lambda: seen_async.extend(asyncio.run(_gather(app, wait_async, kinds))))
     waiting_async.start()
     wait_registered(app, 4, "the waits to register")
     release.set()
@@ -662,5 +662,8 @@ def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable
         assert "no ünïcode luck" in str(outcomes["fail"])
 
 
-async def _gather(wait: Callable[[str], Any], kinds: list[str]) -> list[Any]:
-    return list(await asyncio.gather(*(wait(kind) for kind in kinds)))
+async def _gather(app: pgdurable.App, wait: Callable[[str], Any], kinds: list[str]) -> list[Any]:
+    try:
+        return list(await asyncio.gather(*(wait(kind) for kind in kinds)))
+    finally:
+        await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
