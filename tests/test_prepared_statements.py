@@ -24,6 +24,7 @@ import pgdurable
 from pgdurable import monitoring, schedules, store
 from pgdurable.sqlfiles import queries
 from pgdurable.store.prepared import converted
+from tests.harness import run_on_a_loop
 
 T = TypeVar("T")
 _T = datetime(2026, 1, 1, tzinfo=UTC)
@@ -370,13 +371,6 @@ def test_a_commit_that_fails_after_the_rows_raises(app: pgdurable.App, own: stor
     rows = own.execute("SELECT id FROM workflow_executions ORDER BY id").fetchall()
     assert rows == [("fine",)]
     # The same on the event loop (the worker's claims, checkpoints and completions).
-    async def on_a_loop() -> None:
-        try:
-            await app.enqueue_async(job, workflow_id="doomed-at-commit")
-        finally:
-            await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends (a connection it was
-            # still making when asyncio.run cancelled its tasks once kept the loop from closing: CI, 226a65b)
-
     with pytest.raises(psycopg.errors.CheckViolation, match="refused at commit"):
-        asyncio.run(on_a_loop())
+        run_on_a_loop(app, app.enqueue_async(job, workflow_id="doomed-at-commit"))
     assert own.execute("SELECT count(*) FROM workflow_executions WHERE id = 'doomed-at-commit'").fetchone() == (0,)

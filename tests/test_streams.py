@@ -4,7 +4,6 @@ workflow's dashboard page lists them. (Killing a worker mid-stream: test_prims_p
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import warnings
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import pytest
 
 import pgdurable
 from pgdurable.dashboard import create_app
-from tests.harness import WAIT, wait_for
+from tests.harness import WAIT, run_on_a_loop, wait_for
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -77,12 +76,9 @@ def test_async_writer_and_async_reader(app: pgdurable.App, start_worker: Callabl
     handle = app.enqueue(counter, 50, workflow_id="c-1")
 
     async def read_all() -> list[Any]:
-        try:
-            return [value async for value in app.read_stream_async("c-1", "count")]
-        finally:
-            await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
+        return [value async for value in app.read_stream_async("c-1", "count")]
 
-    assert asyncio.run(read_all()) == list(range(50))
+    assert run_on_a_loop(app, read_all()) == list(range(50))
     assert handle.result(timeout=WAIT) == 50
 
 

@@ -22,7 +22,7 @@ from pgdurable import channels, store
 from pgdurable.completions import parse_result
 from pgdurable.sqlfiles import query as _query
 from tests.conftest import ThreadWorker
-from tests.harness import WAIT, wait_for
+from tests.harness import WAIT, run_on_a_loop, wait_for
 
 
 def _listener(database_url: str, schema: str, *kinds: channels.Kind) -> Iterator[Callable[[], list[str]]]:
@@ -647,7 +647,7 @@ def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable
     for thread in waiting:
         thread.start()
     seen_async: list[Any] = []
-    waiting_async = threading.Thread(target=lambda: seen_async.extend(asyncio.run(_gather(app, wait_async, kinds))))
+    waiting_async = threading.Thread(target=lambda: seen_async.extend(run_on_a_loop(app, _gather(wait_async, kinds))))
     waiting_async.start()
     wait_registered(app, 4, "the waits to register")
     release.set()
@@ -662,8 +662,5 @@ def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable
         assert "no ünïcode luck" in str(outcomes["fail"])
 
 
-async def _gather(app: pgdurable.App, wait: Callable[[str], Any], kinds: list[str]) -> list[Any]:
-    try:
-        return list(await asyncio.gather(*(wait(kind) for kind in kinds)))
-    finally:
-        await app.db.aclose_loop_pool()  # this loop's pool, before the loop ends
+async def _gather(wait: Callable[[str], Any], kinds: list[str]) -> list[Any]:
+    return list(await asyncio.gather(*(wait(kind) for kind in kinds)))

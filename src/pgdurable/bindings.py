@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
 
 from . import store
 from .enqueue import check_options
@@ -130,7 +129,7 @@ def table_columns(table: str) -> Call[list[str]]:
 
 
 def list_bindings() -> Call[list[Binding]]:
-    return Call("list_table_bindings", {}, list, row_factory=class_row(Binding))
+    return Call("list_table_bindings", {}, list, row_factory=store.calls.rows_of(Binding))
 
 
 def restore() -> Call[list[str]]:

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 
 from . import display, store
+from .store.calls import rows_of
 
 # Stored JSON longer than this (in characters) is shown cut, with a link to the whole value.
 PAYLOAD_PREVIEW = 64 * 1024
@@ -328,11 +329,11 @@ def queues(stale_seconds: float = 60.0) -> store.Call[list[QueueStats]]:
 
 
 def workers() -> store.Call[list[WorkerInfo]]:
-    return store.Call("dash_workers", {}, list, row_factory=class_row(WorkerInfo))
+    return store.Call("dash_workers", {}, list, row_factory=rows_of(WorkerInfo))
 
 
 def unrunnable(limit: int = 50) -> store.Call[list[Unrunnable]]:
-    return store.Call("dash_unrunnable", {"limit": limit}, list, row_factory=class_row(Unrunnable))
+    return store.Call("dash_unrunnable", {"limit": limit}, list, row_factory=rows_of(Unrunnable))
 
 
 def unrunnable_count() -> store.Call[int]:
@@ -380,11 +381,11 @@ def list_page(where: ListFilter, *, older_than: tuple[datetime, str] | None = No
     }
     if newer_than is not None:
         params["at"], params["id"] = _at(newer_than[0]), newer_than[1]
-        return store.Call("dash_list_newer", params, lambda rows: rows[::-1], row_factory=class_row(ListedExecution))
+        return store.Call("dash_list_newer", params, lambda rows: rows[::-1], row_factory=rows_of(ListedExecution))
     if older_than is None:
-        return store.Call("dash_list_first", params, list, row_factory=class_row(ListedExecution))
+        return store.Call("dash_list_first", params, list, row_factory=rows_of(ListedExecution))
     params["at"], params["id"] = _at(older_than[0]), older_than[1]
-    return store.Call("dash_list_older", params, list, row_factory=class_row(ListedExecution))
+    return store.Call("dash_list_older", params, list, row_factory=rows_of(ListedExecution))
 
 
 def _before(when: datetime) -> datetime | str:
@@ -416,7 +417,7 @@ def execution(execution_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[E
 
 def execution_input(execution_id: str, preview: int = PAYLOAD_PREVIEW) -> store.Call[Payload | None]:
     return store.Call("dash_input", {"id": execution_id, "max": preview}, lambda rows: rows[0] if rows else None,
-                      row_factory=class_row(Payload))
+                      row_factory=rows_of(Payload))
 
 
 def payload(execution_id: str, column: str) -> store.Call[str | None]:
@@ -442,7 +443,7 @@ def children_counts(execution_id: str, cap: int = COUNT_CAP) -> store.Call[dict[
 
 def children(execution_id: str, limit: int = MAX_CHILDREN, cap: int = COUNT_CAP) -> store.Call[list[Child]]:
     return store.Call("dash_children", {"id": execution_id, "limit": limit, "cap": cap},
-                      list, row_factory=class_row(Child))
+                      list, row_factory=rows_of(Child))
 
 
 def message_counts(execution_id: str, cap: int = COUNT_CAP) -> store.Call[tuple[int, int]]:
@@ -496,7 +497,7 @@ def stream_values(execution_id: str, stream: store.messaging.Stream, limit: int 
 
 
 def schedules(limit: int = 500) -> store.Call[list[ScheduleInfo]]:
-    return store.Call("dash_schedules", {"limit": limit}, list, row_factory=class_row(ScheduleInfo))
+    return store.Call("dash_schedules", {"limit": limit}, list, row_factory=rows_of(ScheduleInfo))
 
 
 def known_names() -> store.Call[list[str]]:
@@ -504,8 +505,8 @@ def known_names() -> store.Call[list[str]]:
 
 
 def tables(schema: str) -> store.Call[list[TableStats]]:
-    return store.Call("dash_tables", {"schema": schema}, list, row_factory=class_row(TableStats))
+    return store.Call("dash_tables", {"schema": schema}, list, row_factory=rows_of(TableStats))
 
 
 def server() -> store.Call[ServerInfo]:
-    return store.Call("dash_server", {}, lambda rows: rows[0], row_factory=class_row(ServerInfo))
+    return store.Call("dash_server", {}, lambda rows: rows[0], row_factory=rows_of(ServerInfo))

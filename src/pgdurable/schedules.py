@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 
 from .cron import CronSchedule
 from .store import Call
+from .store.calls import rows_of
 
 CatchUp = Literal["skip", "all"]
 
@@ -113,7 +114,7 @@ def list_schedules() -> Call[list[Schedule]]:
 def lock_schedule(name: str) -> Call[LockedSchedule | None]:
     """One schedule, locked; None if there is no such schedule."""
     return Call("lock_schedule", {"name": name}, lambda rows: rows[0] if rows else None,
-                row_factory=class_row(LockedSchedule))
+                row_factory=rows_of(LockedSchedule))
 
 
 def delete_schedule(name: str) -> Call[bool]:
@@ -134,7 +135,7 @@ def seconds_until_due() -> Call[float | None]:
 
 def lock_due_schedules(limit: int) -> Call[list[DueSchedule]]:
     """The due schedules, locked for this firing transaction."""
-    return Call("lock_due_schedules", {"limit": limit}, list, row_factory=class_row(DueSchedule))
+    return Call("lock_due_schedules", {"limit": limit}, list, row_factory=rows_of(DueSchedule))
 
 
 def enqueue_ticks(rows: str) -> Call[set[str]]:
@@ -145,7 +146,7 @@ def enqueue_ticks(rows: str) -> Call[set[str]]:
 def squatted_ticks(rows: str) -> Call[list[SquattedTick]]:
     """``rows``: a JSON array of [execution_id, schedule_name, tick] not enqueued; returns those held by an
     execution no firing created."""
-    return Call("squatted_ticks", {"rows": rows}, list, row_factory=class_row(SquattedTick))
+    return Call("squatted_ticks", {"rows": rows}, list, row_factory=rows_of(SquattedTick))
 
 
 def advance_schedules(rows: str) -> Call[None]:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 
-from .calls import Call, every
+from .calls import Call, every, rows_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class Message:
 
 
 def list_messages(id: str) -> Call[list[Message]]:
-    return Call("list_messages", {"id": id}, every, row_factory=class_row(Message))
+    return Call("list_messages", {"id": id}, every, row_factory=rows_of(Message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ def get_event(*, id: str, key: str) -> Call[str | None]:
 
 
 def list_events(id: str) -> Call[list[Event]]:
-    return Call("list_events", {"id": id}, every, row_factory=class_row(Event))
+    return Call("list_events", {"id": id}, every, row_factory=rows_of(Event))
 
 
 def set_tags(*, id: str, attempt: int, step_id: int, step_name: str, started_at: datetime,
@@ -122,4 +122,4 @@ class Stream:
 
 
 def list_streams(id: str, limit: int = 1000) -> Call[list[Stream]]:
-    return Call("list_streams", {"id": id, "limit": limit}, every, row_factory=class_row(Stream))
+    return Call("list_streams", {"id": id, "limit": limit}, every, row_factory=rows_of(Stream))

@@ -206,18 +206,23 @@ class Statements:
         if result.status != pq.ExecStatus.TUPLES_OK:  # (a statement with no RETURNING)
             return read([])
         self._tx.set_pgresult(result)
-        made = tuple if row_factory is None else self._makers.get((statement, row_factory))
-        if made is None:
-            assert row_factory is not None
-            if len(self._makers) >= _MAX_MAKERS:
-                self._makers.clear()
-            made = self._makers[(statement, row_factory)] = row_factory(_Rows(result, self._encoding))  # type: ignore[arg-type]
-        make_row = made
+        make_row = tuple if row_factory is None else self._maker(statement, result, row_factory)
         try:
             return read(self._tx.load_rows(0, result.ntuples, make_row))
         finally:
             self._tx.set_pgresult(None)
             result.clear()
+
+
+    def _maker(self, statement: bytes, result: pq.abc.PGresult, row_factory: BaseRowFactory[Any],
+               ) -> Callable[[Any], Any]:
+        """The row maker ``row_factory`` made for ``statement``'s results (see ``_makers``)."""
+        found = self._makers.get((statement, row_factory))
+        if found is None:
+            if len(self._makers) >= _MAX_MAKERS:
+                self._makers.clear()
+            found = self._makers[(statement, row_factory)] = row_factory(_Rows(result, self._encoding))  # type: ignore[arg-type]
+        return found
 
 
 NOT_PREPARED = object()

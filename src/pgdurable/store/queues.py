@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from psycopg.rows import class_row
-
-from .calls import Call, every, nothing
+from .calls import Call, every, nothing, rows_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +26,7 @@ class QueuePolicy:
 
 def queue_policies(names: list[str] | None) -> Call[dict[str, QueuePolicy]]:
     return Call("queue_policies", {"names": names}, lambda rows: {row.name: row for row in rows},
-                row_factory=class_row(QueuePolicy))
+                row_factory=rows_of(QueuePolicy))
 
 
 def set_queue_policy(policy: QueuePolicy) -> Call[None]:
@@ -51,4 +49,4 @@ class QueueDepth:
 
 
 def queue_depths() -> Call[list[QueueDepth]]:
-    return Call("queue_depths", {}, every, row_factory=class_row(QueueDepth))
+    return Call("queue_depths", {}, every, row_factory=rows_of(QueueDepth))

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from psycopg.rows import class_row
-
-from .calls import Call
+from .calls import Call, rows_of
 
 
 def park(*, id: str, attempt: int, reason: str, previous: str | None) -> Call[bool]:
@@ -30,7 +28,7 @@ class AppVersion:
 
 
 def app_versions() -> Call[list[AppVersion]]:
-    return Call("app_versions", {}, list, row_factory=class_row(AppVersion))
+    return Call("app_versions", {}, list, row_factory=rows_of(AppVersion))
 
 
 def migrate_app_version(*, old: str, new: str) -> Call[int]:
