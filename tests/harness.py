@@ -3,13 +3,12 @@ processes on the test's schema and queries that schema."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,20 +20,6 @@ import pgdurable
 # condition holds, so only a failing test waits this long, and a loaded machine (CI beside other work) must not
 # turn a slow success into a failure.
 WAIT = 60.0
-T = TypeVar("T")
-
-
-def run_on_a_loop(app: pgdurable.App, awaitable: Awaitable[T]) -> T:
-    """``asyncio.run`` for a sync test, closing the pools ``app``'s async calls opened on that loop before it
-    ends: left to the loop's shutdown, a pool still making a connection once kept ``asyncio.run`` from
-    returning (a CI timeout)."""
-    async def run() -> T:
-        try:
-            return await awaitable
-        finally:
-            await app.db.aclose_loop_pool()
-
-    return asyncio.run(run())
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:

@@ -24,7 +24,6 @@ import pgdurable
 from pgdurable import monitoring, schedules, store
 from pgdurable.sqlfiles import queries
 from pgdurable.store.prepared import converted
-from tests.harness import run_on_a_loop
 
 T = TypeVar("T")
 _T = datetime(2026, 1, 1, tzinfo=UTC)
@@ -372,5 +371,5 @@ def test_a_commit_that_fails_after_the_rows_raises(app: pgdurable.App, own: stor
     assert rows == [("fine",)]
     # The same on the event loop (the worker's claims, checkpoints and completions).
     with pytest.raises(psycopg.errors.CheckViolation, match="refused at commit"):
-        run_on_a_loop(app, app.enqueue_async(job, workflow_id="doomed-at-commit"))
+        asyncio.run(app.enqueue_async(job, workflow_id="doomed-at-commit"))
     assert own.execute("SELECT count(*) FROM workflow_executions WHERE id = 'doomed-at-commit'").fetchone() == (0,)

@@ -4,6 +4,7 @@ workflow's dashboard page lists them. (Killing a worker mid-stream: test_prims_p
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import warnings
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import pytest
 
 import pgdurable
 from pgdurable.dashboard import create_app
-from tests.harness import WAIT, run_on_a_loop, wait_for
+from tests.harness import WAIT, wait_for
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -78,7 +79,7 @@ def test_async_writer_and_async_reader(app: pgdurable.App, start_worker: Callabl
     async def read_all() -> list[Any]:
         return [value async for value in app.read_stream_async("c-1", "count")]
 
-    assert run_on_a_loop(app, read_all()) == list(range(50))
+    assert asyncio.run(read_all()) == list(range(50))
     assert handle.result(timeout=WAIT) == 50
 
 

@@ -22,7 +22,7 @@ from pgdurable import channels, store
 from pgdurable.completions import parse_result
 from pgdurable.sqlfiles import query as _query
 from tests.conftest import ThreadWorker
-from tests.harness import WAIT, run_on_a_loop, wait_for
+from tests.harness import WAIT, wait_for
 
 
 def _listener(database_url: str, schema: str, *kinds: channels.Kind) -> Iterator[Callable[[], list[str]]]:
@@ -647,7 +647,7 @@ def test_result_waits_get_every_kind_of_outcome_from_a_worker(make_app: Callable
     for thread in waiting:
         thread.start()
     seen_async: list[Any] = []
-    waiting_async = threading.Thread(target=lambda: seen_async.extend(run_on_a_loop(app, _gather(wait_async, kinds))))
+    waiting_async = threading.Thread(target=lambda: seen_async.extend(asyncio.run(_gather(wait_async, kinds))))
     waiting_async.start()
     wait_registered(app, 4, "the waits to register")
     release.set()

@@ -64,6 +64,8 @@ class Database:
         # Connections for transactional steps: the application's own settings, untouched by pgdurable.
         self._app_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._app_async_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
+        # One task per event loop that closes that loop's pools when the loop ends (see _watch_loop).
+        self._loop_watchers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
         self._migrated = False
         self.citus_mode = citus_mode
         # The Citus layout's buckets, in shard order, once known (ensure_schema); None: a single-node schema.
@@ -167,6 +169,8 @@ class Database:
         pool = self._async_pools.get(loop)
         if pool is None:
             await asyncio.to_thread(self.ensure_schema)
+            pool = self._async_pools.get(loop)  # made by a task of this loop that waited beside this one
+        if pool is None:
             schema, distributed = self.schema, self.distributed
 
             async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -178,6 +182,7 @@ class Database:
                 kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
             await pool.open()
             pool = await _keep_first(self._async_pools, loop, pool)
+            self._watch_loop(loop)
         return pool
 
     async def app_async_pool(self) -> AsyncConnectionPool[Any]:
@@ -185,10 +190,13 @@ class Database:
         pool = self._app_async_pools.get(loop)
         if pool is None:
             await asyncio.to_thread(self.ensure_schema)
+            pool = self._app_async_pools.get(loop)
+        if pool is None:
             pool = AsyncStackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
                                   kwargs={"autocommit": True}, name="pgdurable-transactions-async")
             await pool.open()
             pool = await _keep_first(self._app_async_pools, loop, pool)
+            self._watch_loop(loop)
         return pool
 
     async def arun(self, call: store.Call[T]) -> T:
@@ -208,7 +216,37 @@ class Database:
                 result = await store.arun(conn, call)
 
     async def aclose_loop_pool(self) -> None:
+        """Close the running loop's pools now (the loop's end closes them otherwise)."""
         loop = asyncio.get_running_loop()
+        watcher = self._loop_watchers.pop(loop, None)
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+            await asyncio.wait([watcher])  # it closes the pools; wait() does not raise its cancellation
+        await self._close_pools_of(loop)
+
+    def _watch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close ``loop``'s pools when the loop ends. ``asyncio.run`` cancels every task still pending once
+        its coroutine returns, and waits for them: a psycopg_pool worker cancelled while it makes a
+        connection swallows the cancellation and waits for its next task forever, so a script that ends
+        with one (``asyncio.run(app.enqueue_async(...))``) would never return, and every such run would
+        leave its connections open. This task, cancelled with the others, closes the pools, which stops
+        their workers. Loops closed without cancelling their tasks are forgotten here, dropping their pools."""
+        for gone in [other for other in self._loop_watchers if other.is_closed()]:
+            self._loop_watchers.pop(gone, None)
+            self._async_pools.pop(gone, None)
+            self._app_async_pools.pop(gone, None)
+        if loop not in self._loop_watchers:
+            self._loop_watchers[loop] = loop.create_task(self._close_when_cancelled(loop),
+                                                         name="pgdurable-loop-pools")
+
+    async def _close_when_cancelled(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._loop_watchers.pop(loop, None)
+            await self._close_pools_of(loop)
+
+    async def _close_pools_of(self, loop: asyncio.AbstractEventLoop) -> None:
         for pools in (self._async_pools, self._app_async_pools):
             pool = pools.pop(loop, None)
             if pool is not None:

@@ -17,10 +17,15 @@ the front of psycopg_pool's queue first; and ``lend()`` takes and gives back idl
 does, under its lock. Should a psycopg_pool release rename that step, the pools fall back to its queue order,
 which is slower and still correct; should it rename the state ``lend()`` uses, ``lend()`` falls back to
 ``getconn`` and ``putconn`` (tests/test_pools.py notices both).
+
+A cancelled connection attempt is not logged as a failure to connect (``_CancelledConnectQuiet``): it is what
+an event loop's end does to a pool that is still growing (db.py closes such pools).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from math import inf
 from time import monotonic
 from typing import Any
@@ -114,6 +119,35 @@ class AsyncStackPool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
     def lend(self) -> AsyncLent:
         """As ``StackPool.lend``, async."""
         return AsyncLent(self)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """As psycopg_pool's, and the idle connections closed even when the pool's worker tasks were
+        cancelled: psycopg_pool waits for its workers before it closes the idle connections, and raises a
+        worker's cancellation instead. That is how an event loop's end finds them (``asyncio.run`` cancels
+        every task left, the workers and the task that closes the pool alike: db.py)."""
+        idle = list(self._pool)
+        task = asyncio.current_task()
+        cancelled_before = task.cancelling() if task is not None else 0
+        try:
+            await super().close(timeout)
+        except asyncio.CancelledError:
+            for conn in idle:
+                await conn.close()
+            if task is None or task.cancelling() > cancelled_before:
+                raise  # this task was cancelled (again) while it closed the pool: not a worker's cancellation
+
+
+class _CancelledConnectQuiet(logging.Filter):
+    """Drops psycopg_pool's "error connecting" warning when the error is a cancellation: an event loop that
+    ends while a pool connects (``asyncio.run`` cancels what is left) is not a failure to connect."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (record.msg == "error connecting in %r: %s" and isinstance(args, tuple) and len(args) == 2
+                    and isinstance(args[1], asyncio.CancelledError))
+
+
+logging.getLogger("psycopg.pool").addFilter(_CancelledConnectQuiet())
 
 
 class AsyncLent:
