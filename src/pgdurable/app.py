@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import psycopg
 
-from . import enqueue, events, limits, local, plans, primitives, store, streams
+from . import enqueue, events, forks, limits, local, plans, primitives, store, streams
 from .client import WorkflowHandle
 from .completions import CompletionListener
 from .config import Settings, database_url_from_env, schema_name
@@ -63,6 +63,7 @@ class App(ScheduleCalls, BindingCalls):
             auto_migrate=auto_migrate)
         self._local: local.LocalRuntime | None = None
         self._local_lock = threading.Lock()
+        forks.forget_in_forked_child(self)
 
     def __repr__(self) -> str:
         known = self.db.known_conninfo
@@ -553,6 +554,12 @@ class App(ScheduleCalls, BindingCalls):
         """Run a worker in this process until SIGTERM/SIGINT."""
         worker = self.worker(queues=queues, concurrency=concurrency)
         asyncio.run(worker.run(handle_signals=True))
+
+    def _forget_inherited(self) -> list[Any]:
+        """In a forked child: App.start's worker thread is the parent's (forks.py)."""
+        dropped = [self._local]
+        self._local, self._local_lock = None, threading.Lock()
+        return dropped
 
     def close(self) -> None:
         if self._local is not None:

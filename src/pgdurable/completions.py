@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import channels
+from . import channels, forks
 from .db import Database
 from .effects import Pause
 from .waiting import wait_event
@@ -71,11 +71,23 @@ class CompletionListener:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._start_afresh()
+        forks.forget_in_forked_child(self)
+
+    def _start_afresh(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, set[Wake]] = {}
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
         self._stopped = threading.Event()
+
+    def _forget_inherited(self) -> list[Any]:
+        """In a forked child: the parent's listening thread did not come along (forks.py)."""
+        if self._stopped.is_set():
+            return []
+        dropped: list[Any] = [self._thread]
+        self._start_afresh()
+        return dropped
 
     def subscribe(self, execution_id: str, wake: Wake) -> Callable[[], None]:
         """Call ``wake`` whenever the execution may have finished (or, for an event key, published). Returns the

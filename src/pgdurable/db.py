@@ -13,7 +13,7 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from . import citus, store
+from . import citus, forks, store
 from .display import register_loaders
 from .migrations import applied_version, migrate_and_layout
 from .pools import AsyncStackPool, StackPool
@@ -70,6 +70,20 @@ class Database:
         self.citus_mode = citus_mode
         # The Citus layout's buckets, in shard order, once known (ensure_schema); None: a single-node schema.
         self.buckets: tuple[int, ...] | None = None
+        forks.forget_in_forked_child(self)
+
+    def _forget_inherited(self) -> list[Any]:
+        """In a forked child: the parent's pools are the parent's (forks.py)."""
+        dropped: list[Any] = [self._pool, self._app_pool, self._async_pools, self._app_async_pools,
+                              self._loop_watchers]
+        self._lock = threading.RLock()  # another thread may have held it at the fork
+        self._pool = self._app_pool = None
+        self._async_pools, self._app_async_pools, self._loop_watchers = {}, {}, {}
+        engine = getattr(self, "_sa_engine", None)  # orm.py's; SQLAlchemy's own way to leave them be
+        if engine is not None:
+            engine.dispose(close=False)
+        self.__dict__.pop("_sa_async_engines", None)
+        return dropped
 
     @property
     def conninfo(self) -> str:
