@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import PoolClosed
 
 import pgdurable
+from pgdurable import pools
 from pgdurable.pools import AsyncStackPool, StackPool
 
 
@@ -135,3 +140,64 @@ def test_lend_leaves_what_is_not_plain_to_the_pool(database_url: str) -> None:
 def _wait_for_connection(pool: StackPool) -> int:
     with pool.lend() as conn:
         return _backend(conn)
+
+
+def _cut(database_url: str, application: str) -> int:
+    """End the server sessions of ``application`` as a restart or an idle timeout would."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                           " WHERE application_name = %s", (application,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture
+def cut_app(database_url: str, schema: str) -> Iterator[tuple[pgdurable.App, str]]:
+    application = f"cut-{uuid.uuid4().hex[:8]}"
+    app = pgdurable.App(make_conninfo(database_url, application_name=application), schema=schema)
+    yield app, application
+    app.close()
+
+
+def test_connections_cut_while_idle_are_replaced_before_they_are_lent(
+        cut_app: tuple[pgdurable.App, str], database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    app, application = cut_app
+
+    @app.workflow()
+    def flow(x: int) -> int:
+        return x
+
+    async def twice_async() -> None:
+        await asyncio.gather(*(app.enqueue_async(flow, i) for i in range(3)))  # the loop's pool: 3 connections
+        assert _cut(database_url, application) >= 3
+        for i in range(3):
+            assert (await (await app.enqueue_async(flow, i)).get_async()).status == "enqueued"
+
+    for i in range(3):
+        app.enqueue(flow, i)
+    # Idle long enough to be tested from now on (a restart takes longer than CHECK_AFTER_IDLE_SECONDS).
+    monkeypatch.setattr(pools, "CHECK_AFTER_IDLE_SECONDS", 0.0)
+    assert _cut(database_url, application) >= 1
+    for i in range(3):  # every call answers: no failure for each pooled connection first
+        assert app.enqueue(flow, i).get().status == "enqueued"
+    asyncio.run(twice_async())
+
+
+def test_a_connection_in_use_is_not_tested(app: pgdurable.App, monkeypatch: pytest.MonkeyPatch) -> None:
+    tested: list[object] = []
+    answers = pools._answers
+    monkeypatch.setattr(pools, "_answers", lambda conn: tested.append(conn) or answers(conn))
+
+    @app.workflow()
+    def flow(x: int) -> int:
+        return x
+
+    app.enqueue(flow, 0)
+    tested.clear()  # the pool's first connection may be older than the threshold by now (a loaded machine)
+    for i in range(20):
+        app.enqueue(flow, i)
+    assert tested == []
+    for conn in app.db.pool._pool:  # the idle ones, as if given back that long ago
+        conn._pgdurable_idle_since = time.monotonic() - pools.CHECK_AFTER_IDLE_SECONDS
+    app.enqueue(flow, 21)
+    assert len(tested) == 1

@@ -245,7 +245,8 @@ class Database:
         with one (``asyncio.run(app.enqueue_async(...))``) would never return, and every such run would
         leave its connections open. This task, cancelled with the others, closes the pools, which stops
         their workers. Loops closed without cancelling their tasks are forgotten here, dropping their pools."""
-        for gone in [other for other in self._loop_watchers if other.is_closed()]:
+        # list(): a copy, as other threads may register their loops meanwhile.
+        for gone in [other for other in list(self._loop_watchers) if other.is_closed()]:
             self._loop_watchers.pop(gone, None)
             self._async_pools.pop(gone, None)
             self._app_async_pools.pop(gone, None)

@@ -18,6 +18,11 @@ does, under its lock. Should a psycopg_pool release rename that step, the pools 
 which is slower and still correct; should it rename the state ``lend()`` uses, ``lend()`` falls back to
 ``getconn`` and ``putconn`` (tests/test_pools.py notices both).
 
+A connection idle for ``CHECK_AFTER_IDLE_SECONDS`` or more is tested (an empty query) before ``lend()`` hands it
+out, and one that fails is replaced: a server restart, a failover or an idle-session timeout while it sat in
+the pool would otherwise fail the next call of every pooled connection (one failed request each). psycopg_pool's
+own ``check`` tests every connection, and sleeps a second, then two, between failed ones.
+
 A cancelled connection attempt is not logged as a failure to connect (``_CancelledConnectQuiet``): it is what
 an event loop's end does to a pool that is still growing (db.py closes such pools).
 """
@@ -55,6 +60,10 @@ class StackPool(ConnectionPool[psycopg.Connection[Any]]):
         log lines and statistics. Any other case goes through ``getconn`` and ``putconn``."""
         return Lent(self)
 
+    def putconn(self, conn: psycopg.Connection[Any]) -> None:
+        conn._pgdurable_idle_since = monotonic()  # type: ignore[attr-defined]
+        super().putconn(conn)
+
     def _take_idle(self) -> psycopg.Connection[Any] | None:
         """The connection returned last, if one is idle (and the pool open, with no check to run on it)."""
         if not self._lean or self._check is not None:
@@ -80,8 +89,36 @@ class StackPool(ConnectionPool[psycopg.Connection[Any]]):
             if self._closed or self._waiting:
                 return False
             conn._pool = None
+            conn._pgdurable_idle_since = monotonic()  # type: ignore[attr-defined]
             self._pool.append(conn)
         return True
+
+
+# How long a pooled connection may sit unused before lend() tests it. Short enough that a server restart (which
+# takes longer) is always noticed; long enough that a busy caller never pays the round trip.
+CHECK_AFTER_IDLE_SECONDS = 1.0
+
+
+def _idle_long(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    # Given back (putconn, lend), else made (psycopg_pool stamps _created_at) this long ago.
+    since: float = getattr(conn, "_pgdurable_idle_since", 0.0) or getattr(conn, "_created_at", -inf)
+    return monotonic() - since >= CHECK_AFTER_IDLE_SECONDS
+
+
+def _answers(conn: psycopg.Connection[Any]) -> bool:
+    try:
+        conn.execute("")
+    except psycopg.Error:
+        return False
+    return True
+
+
+async def _answers_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    try:
+        await conn.execute("")
+    except psycopg.Error:
+        return False
+    return True
 
 
 # What StackPool.lend reads and writes of psycopg_pool's state (3.2 and later).
@@ -98,11 +135,13 @@ class Lent:
         self._pool = pool
 
     def __enter__(self) -> psycopg.Connection[Any]:
-        conn = self._pool._take_idle()
-        if conn is None:
-            conn = self._pool.getconn()
-        self._conn = conn
-        return conn
+        pool = self._pool
+        while True:
+            conn = pool._take_idle() or pool.getconn()
+            if not _idle_long(conn) or _answers(conn):
+                self._conn = conn
+                return conn
+            pool.putconn(conn)  # broken: the pool discards it and makes another in the background
 
     def __exit__(self, *exc: object) -> None:
         if not self._pool._give_back(self._conn):
@@ -119,6 +158,10 @@ class AsyncStackPool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
     def lend(self) -> AsyncLent:
         """As ``StackPool.lend``, async."""
         return AsyncLent(self)
+
+    async def putconn(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        conn._pgdurable_idle_since = monotonic()  # type: ignore[attr-defined]
+        await super().putconn(conn)
 
     async def close(self, timeout: float = 5.0) -> None:
         """As psycopg_pool's, and the idle connections closed even when the pool's worker tasks were
@@ -159,8 +202,13 @@ class AsyncLent:
         self._pool = pool
 
     async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
-        self._conn = await self._pool.getconn()
-        return self._conn
+        pool = self._pool
+        while True:
+            conn = await pool.getconn()
+            if not _idle_long(conn) or await _answers_async(conn):
+                self._conn = conn
+                return conn
+            await pool.putconn(conn)
 
     async def __aexit__(self, *exc: object) -> None:
         await self._pool.putconn(self._conn)
