@@ -35,6 +35,7 @@ from .executor import Executor, Running
 from .leader import Leadership
 from .lease import Heartbeat
 from .listener import Listener
+from .loop_watch import LoopWatch
 from .maintenance import Deps
 from .maintenance.deadlines import Deadlines
 from .maintenance.policies import PolicyRefresh
@@ -210,7 +211,9 @@ class Worker:
                                           self.settings.shutdown_patience_seconds)
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(signum, self.stop)
-        background = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat")]
+        watch = LoopWatch(self.id, self.settings.lease_seconds)
+        background = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat"),
+                      asyncio.create_task(watch.beat(), name="pgdurable-loop-watch")]
         if self.claims:
             for policy in self.app.queue_policies.values():
                 await self._start_up(store.queues.set_queue_policy(policy))
