@@ -22,7 +22,8 @@ from pgdurable import failures, store
 from pgdurable.batcher import StepWrite, ThreadWaiter, _Plan
 from pgdurable.errors import SerializationError, StepFailed, WorkflowIdConflict
 from pgdurable.serialization import MAX_DEPTH
-from tests.harness import wait_for
+from tests.apps import crashy
+from tests.harness import WAIT, wait_for
 
 POISON: dict[str, Any] = {
     "nan": float("nan"),
@@ -440,3 +441,18 @@ def test_start_respects_the_queues_limits(app: pgdurable.App, start_worker: Call
     start_worker(app, queues=["one-at-a-time"])
     assert [h.result(timeout=90) for h in handles] == [0, 1, 2]
     assert running["most"] == 1
+
+
+def test_sys_exit_or_keyboardinterrupt_from_a_workflow_fails_it_and_the_worker_goes_on(
+        app: pgdurable.App, spawn_worker: Callable[..., Any]) -> None:
+    """A workflow whose code raises SystemExit or KeyboardInterrupt once ended the worker process that ran
+    it, and, its lease expired, every worker that claimed it after: a poison pill for the whole queue."""
+    flows = crashy.define(app)
+    worker = spawn_worker("tests.apps.crashy:app")
+    expected = {flows.exits_in_a_step: "SystemExit: 3", flows.exits_on_the_loop: "SystemExit: 4",
+                flows.interrupts_in_a_thread: "KeyboardInterrupt", flows.interrupts_on_the_loop: "KeyboardInterrupt"}
+    for flow, error in expected.items():
+        with pytest.raises(pgdurable.WorkflowFailed, match=error):
+            app.enqueue(flow).result(timeout=WAIT)
+    assert app.enqueue(flows.chain, 1, 0.0).result(timeout=WAIT)["labels"] == ["s0"]  # the same process
+    assert worker.poll() is None

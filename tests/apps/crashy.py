@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -87,7 +88,30 @@ def define(app: pgdurable.App) -> SimpleNamespace:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(3600)
 
-    return SimpleNamespace(work=work, die=die, chain=chain, suicide=suicide, stubborn=stubborn)
+    @app.step(name="crashy.exits", max_attempts=1)
+    def exits(code: int) -> None:
+        sys.exit(code)  # as library code does (argparse refusing its arguments, a CLI's main)
+
+    @app.workflow(name="crashy.exits_in_a_step")
+    def exits_in_a_step() -> None:
+        exits(3)
+
+    @app.workflow(name="crashy.exits_on_the_loop")
+    async def exits_on_the_loop() -> None:
+        sys.exit(4)  # on the worker's event loop, which runs on the process's main thread
+
+    @app.workflow(name="crashy.interrupts_in_a_thread")
+    def interrupts_in_a_thread() -> None:
+        raise KeyboardInterrupt  # raised by code: a workflow thread is never interrupted by a signal
+
+    @app.workflow(name="crashy.interrupts_on_the_loop")
+    async def interrupts_on_the_loop() -> None:
+        raise KeyboardInterrupt  # under pgdurable worker, SIGINT is a graceful stop: this is the code's
+
+    return SimpleNamespace(work=work, die=die, chain=chain, suicide=suicide, stubborn=stubborn,
+                           exits_in_a_step=exits_in_a_step, exits_on_the_loop=exits_on_the_loop,
+                           interrupts_in_a_thread=interrupts_in_a_thread,
+                           interrupts_on_the_loop=interrupts_on_the_loop)
 
 
 app = pgdurable.App(

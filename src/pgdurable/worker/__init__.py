@@ -205,7 +205,7 @@ class Worker:
         self._batcher = WriteBatcher(self._writer_aconnect, self._writer_connect, self.executor.running_code)
         await self._batcher.start()
         self.executor.start(self.loop, self._batcher)
-        self._signals = handle_signals
+        self._signals = self.executor.handles_signals = handle_signals
         if handle_signals:  # the process is this worker's: it also bounds the process's exit
             self._watchdog = ExitWatchdog(self.loop, self.settings.shutdown_grace_seconds,
                                           self.settings.shutdown_patience_seconds)

@@ -65,6 +65,9 @@ class Executor:
         self.finishing = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.batcher: WriteBatcher | None = None
+        # Whether the worker turns SIGINT into a graceful stop (pgdurable worker): then no KeyboardInterrupt
+        # comes from a signal, and one raised in a workflow is its code's.
+        self.handles_signals = False
         self._on_free = on_free
         self._on_suspend = on_suspend
         self._arm_with = arm_with
@@ -161,6 +164,14 @@ class Executor:
                 if not context.lost:
                     raise
             except Exception as exc:
+                if not context.lost and context.replay_mismatch() is None:
+                    status, output, error = "failed", None, failures.encode(exc)
+            except BaseException as exc:
+                # SystemExit, KeyboardInterrupt or a class of the application's own, raised by the workflow's
+                # code (sys.exit() in a step, argparse refusing its arguments): that workflow's failure. Let
+                # through, it would end the worker, and then every worker that claimed the execution after it.
+                if _operator_interrupt(exc, workflow) and not self.handles_signals:
+                    raise
                 if not context.lost and context.replay_mismatch() is None:
                     status, output, error = "failed", None, failures.encode(exc)
             if context.lost:  # whatever the code did after that (it may have caught the LeaseLost)
@@ -309,3 +320,12 @@ class Executor:
         if await cancel_and_wait(cancelled, patience=max(grace, 1.0)):
             log.warning("worker %s: async workflows still run %.0f s after their cancellation", self.worker_id,
                         max(grace, 1.0))
+
+
+def _operator_interrupt(exc: BaseException, workflow: Workflow[Any, Any] | None) -> bool:
+    """Whether ``exc`` may be the operator's Ctrl-C rather than the code's (unless the worker handles SIGINT
+    itself): a KeyboardInterrupt raised on the main thread, where Python delivers signals (an async workflow
+    runs on the loop's thread, which may be the main one; a sync workflow on a pool thread, which a signal
+    never interrupts)."""
+    return (isinstance(exc, KeyboardInterrupt) and workflow is not None and workflow.is_async
+            and threading.current_thread() is threading.main_thread())
