@@ -20,6 +20,7 @@ from .effects import Defer, Invoke, Pause
 from .errors import LeaseLost, NonDeterminismError, SerializationError
 from .plans import Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
+from .workflows import refuse_generator
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -148,6 +149,7 @@ def step_plan(run: StepRun, body: Invoke) -> Plan:
 def make_step(fn: Callable[P, R], name: str, policy: RetryPolicy, timeout: float | None = None) -> Callable[P, R]:
     """``timeout``: seconds an attempt may take (see ``effects.Invoke``); past it the attempt fails with
     ``StepTimeout`` and the policy decides whether to retry."""
+    refuse_generator(fn, "step", name)
     return_hint = Signature(fn).return_hint
     label = f"step {name!r}"
 

@@ -26,6 +26,7 @@ from .orm import async_session_transaction, session_kind, session_transaction
 from .plans import Plan, drive_async, drive_sync, record_step
 from .serialization import Signature
 from .steps import RetryPolicy, StepRun, running_step
+from .workflows import refuse_generator
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -238,6 +239,7 @@ def make_transaction_step(runtime: Runtime, fn: Callable[..., Any], name: str, p
     takes no connection argument (it reaches the transaction its own way, as Django's ORM does)."""
     if isolation not in ISOLATION_LEVELS:
         raise ConfigurationError(f"isolation must be one of {sorted(k for k in ISOLATION_LEVELS if k)}")
+    refuse_generator(fn, "step", name)
     signature = Signature(fn)
     parameters = list(signature.param_hints)
     is_async = inspect.iscoroutinefunction(fn)

@@ -22,6 +22,17 @@ RESERVED_KWARGS = frozenset({"workflow_id", "queue", "priority", "delay", "max_r
                              "debounce_key", "debounce_seconds", "debounce_max_seconds"})
 
 
+def refuse_generator(fn: Callable[..., Any], kind: str, name: str) -> None:
+    """A generator function's call returns a generator, which cannot be stored: say so at the decorator, not
+    when the first run fails to record it."""
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        what = "its result" if kind == "workflow" else "its output, the checkpoint,"
+        raise ConfigurationError(
+            f"{kind} {name!r} is a generator function ({'async def' if inspect.isasyncgenfunction(fn) else 'def'} "
+            f"with yield): {what} is the value it returns, stored as JSON. Return a list; a workflow can also "
+            "hand out values as they come with pgdurable.write_stream(key, value)")
+
+
 class Workflow(Generic[P, R]):
     """A registered workflow. Calling it directly runs the plain function (no durability): handy in tests.
 
@@ -30,6 +41,7 @@ class Workflow(Generic[P, R]):
 
     def __init__(self, fn: Callable[P, R], *, name: str, queue: str, priority: int,
                  max_recoveries: int | None, timeout_seconds: float | None = None) -> None:
+        refuse_generator(fn, "workflow", name)
         clash = RESERVED_KWARGS & set(inspect.signature(fn).parameters)
         if clash:
             raise ConfigurationError(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgdurable.errors import LeaseLost, NonDeterminismError, SerializationError
+import pgdurable
+from pgdurable.errors import ConfigurationError, LeaseLost, NonDeterminismError, SerializationError
 from pgdurable.steps import RetryPolicy
 
 
@@ -85,3 +87,22 @@ def test_delays_never_decrease_and_never_exceed_the_cap(max_attempts: int, inter
     assert len(finite) == max_attempts - 1
     assert all(0 <= d <= max_interval for d in finite)
     assert finite == sorted(finite)
+
+
+@pytest.mark.parametrize("kind", ["workflow", "step", "transaction"])
+def test_generator_functions_are_refused_where_they_are_declared(kind: str) -> None:
+    """Their call returns a generator, which no checkpoint or result can store: once, the first run failed."""
+    app = pgdurable.App("postgresql://nowhere.invalid/db")  # declaring connects to nothing
+    declare = getattr(app, kind)()
+
+    def numbers(conn: object = None) -> Iterator[int]:
+        yield 1
+
+    async def numbers_async(conn: object = None) -> AsyncIterator[int]:
+        yield 1
+
+    with pytest.raises(ConfigurationError, match=r"'numbers' is a generator function \(def with yield\)"):
+        declare(numbers)
+    with pytest.raises(ConfigurationError, match=r"'numbers_async' is a generator function \(async def with"):
+        declare(numbers_async)
+    assert app.registry.get("numbers") is None
