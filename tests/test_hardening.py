@@ -456,3 +456,41 @@ def test_sys_exit_or_keyboardinterrupt_from_a_workflow_fails_it_and_the_worker_g
             app.enqueue(flow).result(timeout=WAIT)
     assert app.enqueue(flows.chain, 1, 0.0).result(timeout=WAIT)["labels"] == ["s0"]  # the same process
     assert worker.poll() is None
+
+
+def test_a_steps_value_is_the_same_in_the_first_run_and_in_its_replays(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    """JSON makes a tuple a list and a dict's int keys strings. The first run once saw the step's own value
+    and its replays the stored one: code like ``d[1]`` worked until the first replay (after a sleep, a crash,
+    a deploy), then failed with KeyError."""
+
+    @app.step()
+    def numbered() -> Any:
+        return {1: "one"}
+
+    @app.step()
+    def pair():  # unannotated: read back as JSON gives it
+        return (1, 2)
+
+    @app.step()
+    def typed() -> dict[int, tuple[int, int]]:
+        return {1: (1, 2)}
+
+    @app.transaction()
+    def in_a_transaction(conn: psycopg.Connection[Any]) -> Any:
+        return {2: "two"}
+
+    @app.step()
+    def seen(text: str) -> str:
+        return text  # recorded: what the first run saw, which its replay reads back
+
+    @app.workflow()
+    def flow() -> dict[str, str]:
+        values = [numbered(), pair(), typed(), in_a_transaction(), 7, "x"]
+        first = seen(repr(values))
+        pgdurable.sleep(0.2)  # the workflow resumes by replaying the steps above
+        return {"first": first, "replayed": repr(values)}
+
+    start_worker(app)
+    result = app.enqueue(flow).result(timeout=WAIT)
+    assert result["first"] == result["replayed"] == "[{'1': 'one'}, [1, 2], {1: (1, 2)}, {'2': 'two'}, 7, 'x']"

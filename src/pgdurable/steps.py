@@ -25,6 +25,9 @@ from .workflows import refuse_generator
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# Types whose values a replay reads back as they are when nothing else is asked for (StepRun.as_replayed).
+_READ_BACK_AS_IS = frozenset({type(None), bool, int, float, str})
+
 # Engine errors are never retried: they describe the execution, not the step's work.
 _NEVER_RETRY: tuple[type[BaseException], ...] = (LeaseLost, NonDeterminismError, SerializationError)
 
@@ -62,6 +65,7 @@ class StepRun:
         self.started = ctx.db_now()  # recorded: durable time, like the step's completed_at
         self.tries = 0
         self.value: Any = None
+        self.output: str | None = None  # the value as recorded
         self.failure: BaseException | None = None
         self._finished = False
 
@@ -99,7 +103,7 @@ class StepRun:
         output: str | None = None
         if self.failure is None:
             try:
-                output = self.ctx.serializer.dumps(self.value)
+                output = self.output = self.ctx.serializer.dumps(self.value)
             except SerializationError as exc:
                 self.failure = SerializationError(
                     f"step {self.name!r} (#{self.step_id}) returned a value that cannot be stored: {exc}")
@@ -111,7 +115,16 @@ class StepRun:
     def result(self) -> Any:
         if self.failure is not None:
             raise self.failure
-        return self.value
+        return self.as_replayed()
+
+    def as_replayed(self) -> Any:
+        """The value as a replay will read it back from its record, which the first run must see too, or it
+        could take another path: JSON makes a tuple a list and a dict's int keys strings, unless the step's
+        return annotation says otherwise (``-> dict[int, str]``)."""
+        value = self.value
+        if type(value) in _READ_BACK_AS_IS and self.return_hint in (Any, type(value)):
+            return value  # no need to decode what reads back as itself
+        return self.ctx.serializer.loads(self.output or "null", self.return_hint)
 
 
 class running_step:  # lower-case: used as `with running_step():`

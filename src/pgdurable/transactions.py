@@ -98,7 +98,7 @@ class TransactionRun(StepRun):
     def checkpoint_params(self, value: Any) -> tuple[Any, ...]:
         """The checkpoint written inside the step's transaction (an unencodable result rolls it back)."""
         try:
-            output = self.ctx.serializer.dumps(value)
+            output = self.output = self.ctx.serializer.dumps(value)
         except SerializationError as exc:
             raise SerializationError(f"transactional step {self.name!r} (#{self.step_id}) returned a value that "
                                      f"cannot be stored: {exc}") from None
@@ -222,7 +222,7 @@ def transaction_step_plan(run: TransactionRun, tx: Transactions, body: Invoke) -
                     yield Pause(delay)
     if run.failure is None:
         run.ctx.step_done(run.name, run.step_id, run.started, False, run.tries)
-        return run.value
+        return run.as_replayed()
     yield from record_step(run.ctx, *run.checkpoint())
     return run.result()
 
