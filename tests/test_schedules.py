@@ -306,9 +306,11 @@ def test_catch_up_after_downtime_skip_versus_all(app: pgdurable.App, db: psycopg
     every = _ticks(db, "minutely-all")
     assert every[0] == missed_from and len(every) >= 11 and _contiguous(every, timedelta(minutes=1))
     assert fired_at - timedelta(minutes=1) < every[-1] <= fired_at
-    skipped = _ticks(db, "minutely-skip")  # only the tick late by less than the 60 s grace
-    assert skipped == [every[-1]]
-    assert f"skipped {len(every) - 1} missed tick(s) late by more than 60 s" in caplog.text
+    # Only the ticks late by less than the 60 s grace: the last missed one, and the next if a minute began
+    # while the worker caught up (a loaded machine).
+    skipped = _ticks(db, "minutely-skip")
+    assert 1 <= len(skipped) <= 2 and skipped == every[-len(skipped):], (skipped, every)
+    assert f"skipped {len(every) - len(skipped)} missed tick(s) late by more than 60 s" in caplog.text
     per_second = _ticks(db, "secondly-all")  # 1500+ ticks: more than one pass (1000 at most per pass)
     assert len(per_second) >= 1500 and _contiguous(per_second, timedelta(seconds=1))
 

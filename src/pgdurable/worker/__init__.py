@@ -6,6 +6,7 @@
     listener.py     LISTEN: NOTIFYs become wake-ups (work, schedules, stop)
     leader.py       elects one leader per schema (advisory lock) to run the leader-only duties
     watchdog.py     a worker process's stop that hangs is reported (every stack), then forced
+    loop_watch.py   an event loop blocked by a workflow's code is reported, with that code's stack
     maintenance/    one duty per file: sweeper, deadlines, unrunnable, retention, registry pruning (leader
                     only); timer, scheduler, queue-policy refresh (every worker; each file says why)
 
@@ -94,6 +95,7 @@ class Worker:
         self._stop_requests = 0
         self._signals = False
         self._watchdog: ExitWatchdog | None = None
+        self.loop_watch: LoopWatch | None = None
         self._started = asyncio.Event()
         # Queue policies of the served queues (see App.queue), refreshed by maintenance.policies.
         self.policies: dict[str, store.queues.QueuePolicy] = {}
@@ -211,9 +213,9 @@ class Worker:
                                           self.settings.shutdown_patience_seconds)
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(signum, self.stop)
-        watch = LoopWatch(self.id, self.settings.lease_seconds)
+        self.loop_watch = LoopWatch(self.id, self.settings.lease_seconds)
         background = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat"),
-                      asyncio.create_task(watch.beat(), name="pgdurable-loop-watch")]
+                      asyncio.create_task(self.loop_watch.beat(), name="pgdurable-loop-watch")]
         if self.claims:
             for policy in self.app.queue_policies.values():
                 await self._start_up(store.queues.set_queue_policy(policy))

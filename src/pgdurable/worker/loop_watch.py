@@ -54,10 +54,11 @@ class LoopWatch:
             if silent >= self._stall and blocked_since is None:
                 blocked_since = last
                 log.warning(
-                    "worker %s: its event loop has not run for %.1f s: an async workflow or step is blocking it "
-                    "(time.sleep, a blocking client, a long computation: await an async API or use "
-                    "asyncio.to_thread). Meanwhile this worker writes no claim, checkpoint or heartbeat, and past "
-                    "lease_seconds (%g s) other workers take its executions over. The loop's thread is at:\n%s",
+                    "worker %s: its event loop has not run for %.1f s. Most often an async workflow or step "
+                    "blocks it (time.sleep, a blocking client, a long computation: await an async API or use "
+                    "asyncio.to_thread); an overloaded machine can too. Meanwhile this worker writes no claim, "
+                    "checkpoint or heartbeat, and past lease_seconds (%g s) other workers take its executions "
+                    "over. The loop's thread is at:\n%s",
                     self.worker_id, silent, self.lease_seconds, self._loop_stack())
             elif blocked_since is not None and last > blocked_since:
                 log.warning("worker %s: its event loop runs again, after %.1f s blocked", self.worker_id,
