@@ -83,10 +83,11 @@ class CompletionListener:
 
     def _forget_inherited(self) -> list[Any]:
         """In a forked child: the parent's listening thread did not come along (forks.py)."""
-        if self._stopped.is_set():
-            return []
         dropped: list[Any] = [self._thread]
-        self._start_afresh()
+        if self._stopped.is_set():  # stays stopped, as in the parent; only its lock may have been held
+            self._lock = threading.Lock()
+        else:
+            self._start_afresh()
         return dropped
 
     def subscribe(self, execution_id: str, wake: Wake) -> Callable[[], None]:

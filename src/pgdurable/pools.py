@@ -137,7 +137,9 @@ class Lent:
     def __enter__(self) -> psycopg.Connection[Any]:
         pool = self._pool
         while True:
-            conn = pool._take_idle() or pool.getconn()
+            conn = pool._take_idle()
+            if conn is None:
+                conn = pool.getconn()
             if not _idle_long(conn) or _answers(conn):
                 self._conn = conn
                 return conn

@@ -170,7 +170,8 @@ class Executor:
                 # SystemExit, KeyboardInterrupt or a class of the application's own, raised by the workflow's
                 # code (sys.exit() in a step, argparse refusing its arguments): that workflow's failure. Let
                 # through, it would end the worker, and then every worker that claimed the execution after it.
-                if _operator_interrupt(exc, workflow) and not self.handles_signals:
+                if isinstance(exc, GeneratorExit) or (_operator_interrupt(exc, workflow)
+                                                      and not self.handles_signals):
                     raise
                 if not context.lost and context.replay_mismatch() is None:
                     status, output, error = "failed", None, failures.encode(exc)
