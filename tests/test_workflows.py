@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import decimal
@@ -528,3 +529,29 @@ async def test_enqueue_many_async(app: pgdurable.App, start_worker: Callable[...
     handles = await app.enqueue_many_async(square, [(i,) for i in range(5)])
     start_worker(app)
     assert [await h.result_async(timeout=WAIT) for h in handles] == [0, 1, 4, 9, 16]
+
+
+def test_async_steps_gathered_side_by_side_replay_to_their_own_records(
+        app: pgdurable.App, start_worker: Callable[..., Any]) -> None:
+    """docs/concepts.md: steps gathered in an async workflow are numbered as they start, in gather's order,
+    whatever order they finish in; a replay (after the durable sleep) reads each one's own record."""
+    runs: list[int] = []
+
+    @app.step()
+    async def fetch(i: int) -> int:
+        runs.append(i)
+        await asyncio.sleep(0.02 * (4 - i))  # finish in the reverse order
+        return i * 10
+
+    @app.workflow()
+    async def fan_out() -> list[int]:
+        values = await asyncio.gather(*(fetch(i) for i in range(4)))
+        await pgdurable.sleep_async(0.2)
+        return list(values)
+
+    start_worker(app)
+    handle = app.enqueue(fan_out)
+    assert handle.result(timeout=WAIT) == [0, 10, 20, 30]
+    steps = app.steps(handle.workflow_id)
+    assert [(s.step_id, s.step_name, s.output) for s in steps[:4]] == [(i, "fetch", str(i * 10)) for i in range(4)]
+    assert sorted(runs) == [0, 1, 2, 3]  # each ran once: the replay read them all back
