@@ -168,8 +168,8 @@ def test_connections_cut_while_idle_are_replaced_before_they_are_lent(
         return x
 
     async def twice_async() -> None:
-        await asyncio.gather(*(app.enqueue_async(flow, i) for i in range(3)))  # the loop's pool: 3 connections
-        assert _cut(database_url, application) >= 3
+        await asyncio.gather(*(app.enqueue_async(flow, i) for i in range(3)))  # the loop's pool: one connection or more
+        assert _cut(database_url, application) >= 1
         for i in range(3):
             assert (await (await app.enqueue_async(flow, i)).get_async()).status == "enqueued"
 
