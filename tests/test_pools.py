@@ -201,3 +201,33 @@ def test_a_connection_in_use_is_not_tested(app: pgdurable.App, monkeypatch: pyte
         conn._pgdurable_idle_since = time.monotonic() - pools.CHECK_AFTER_IDLE_SECONDS
     app.enqueue(flow, 21)
     assert len(tested) == 1
+
+
+def test_a_server_that_does_not_answer_is_named_after_a_short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not psycopg_pool's "couldn't get a connection after 30.00 sec", half a minute later."""
+    monkeypatch.setattr(pools, "PROBE_AFTER_SECONDS", 0.2)
+    nowhere = "postgresql://postgres@127.0.0.1:1/postgres"  # nothing listens on port 1
+
+    said = r"no database connection: cannot reach a PostgreSQL server at 127\.0\.0\.1:1"
+
+    async def lend_async() -> None:
+        async with AsyncStackPool(nowhere, min_size=1, max_size=1, open=False) as pool, pool.lend():
+            pass
+
+    with (StackPool(nowhere, min_size=1, max_size=1, open=True) as pool,
+          pytest.raises(psycopg.OperationalError, match=said), pool.lend()):
+        pass
+    with pytest.raises(psycopg.OperationalError, match=said):
+        asyncio.run(lend_async())
+
+
+def test_a_busy_pool_is_waited_for_past_the_probe(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pools, "PROBE_AFTER_SECONDS", 0.2)
+    with StackPool(database_url, min_size=1, max_size=1, open=True, kwargs={"autocommit": True}) as pool:
+        pool.wait()
+        held = pool.getconn()
+        releaser = threading.Timer(1.0, pool.putconn, (held,))  # well past the probe
+        releaser.start()
+        with pool.lend() as conn:  # the server answers the probe: the caller waits for the busy pool
+            assert _backend(conn) == _backend(held)
+        releaser.join()

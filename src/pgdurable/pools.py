@@ -23,6 +23,11 @@ out, and one that fails is replaced: a server restart, a failover or an idle-ses
 the pool would otherwise fail the next call of every pooled connection (one failed request each). psycopg_pool's
 own ``check`` tests every connection, and sleeps a second, then two, between failed ones.
 
+A caller that waits ``PROBE_AFTER_SECONDS`` for a connection checks that the server answers at all (one
+connection of its own): if not, it fails at once with what is wrong ("cannot reach a PostgreSQL server at
+...: connection refused"), instead of psycopg_pool's "couldn't get a connection after 30.00 sec" half a
+minute later; if it does, the pool is only busy and the caller waits on.
+
 A cancelled connection attempt is not logged as a failure to connect (``_CancelledConnectQuiet``): it is what
 an event loop's end does to a pool that is still growing (db.py closes such pools).
 """
@@ -37,7 +42,9 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from .dberrors import explain
 
 
 class StackPool(ConnectionPool[psycopg.Connection[Any]]):
@@ -63,6 +70,19 @@ class StackPool(ConnectionPool[psycopg.Connection[Any]]):
     def putconn(self, conn: psycopg.Connection[Any]) -> None:
         conn._pgdurable_idle_since = monotonic()  # type: ignore[attr-defined]
         super().putconn(conn)
+
+    def _wait_for_one(self) -> psycopg.Connection[Any]:
+        """``getconn()``, which fails at once with the server's problem if it does not answer after a short wait."""
+        try:
+            return self.getconn(timeout=PROBE_AFTER_SECONDS)
+        except PoolTimeout:
+            if not isinstance(conninfo := self.conninfo, str):  # (psycopg_pool also takes a callable)
+                raise
+            try:
+                psycopg.connect(conninfo, connect_timeout=PROBE_CONNECT_SECONDS).close()
+            except psycopg.OperationalError as exc:
+                raise _unanswered(exc, conninfo) from exc
+        return self.getconn(timeout=max(self.timeout - PROBE_AFTER_SECONDS, 0.0))
 
     def _take_idle(self) -> psycopg.Connection[Any] | None:
         """The connection returned last, if one is idle (and the pool open, with no check to run on it)."""
@@ -105,6 +125,16 @@ def _idle_long(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> 
     return monotonic() - since >= CHECK_AFTER_IDLE_SECONDS
 
 
+# How long a caller waits for a pooled connection before it checks that the server answers at all, and how
+# long that check may take to connect.
+PROBE_AFTER_SECONDS = 2.0
+PROBE_CONNECT_SECONDS = 5
+
+
+def _unanswered(exc: psycopg.OperationalError, conninfo: str) -> psycopg.OperationalError:
+    return psycopg.OperationalError(f"no database connection: {explain(exc, conninfo).message}")
+
+
 def _answers(conn: psycopg.Connection[Any]) -> bool:
     try:
         conn.execute("")
@@ -139,7 +169,7 @@ class Lent:
         while True:
             conn = pool._take_idle()
             if conn is None:
-                conn = pool.getconn()
+                conn = pool._wait_for_one()
             if not _idle_long(conn) or _answers(conn):
                 self._conn = conn
                 return conn
@@ -164,6 +194,19 @@ class AsyncStackPool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
     async def putconn(self, conn: psycopg.AsyncConnection[Any]) -> None:
         conn._pgdurable_idle_since = monotonic()  # type: ignore[attr-defined]
         await super().putconn(conn)
+
+    async def _wait_for_one(self) -> psycopg.AsyncConnection[Any]:
+        """As ``StackPool._wait_for_one``."""
+        try:
+            return await self.getconn(timeout=PROBE_AFTER_SECONDS)
+        except PoolTimeout:
+            if not isinstance(conninfo := self.conninfo, str):
+                raise
+            try:
+                await (await psycopg.AsyncConnection.connect(conninfo, connect_timeout=PROBE_CONNECT_SECONDS)).close()
+            except psycopg.OperationalError as exc:
+                raise _unanswered(exc, conninfo) from exc
+        return await self.getconn(timeout=max(self.timeout - PROBE_AFTER_SECONDS, 0.0))
 
     async def close(self, timeout: float = 5.0) -> None:
         """As psycopg_pool's, and the idle connections closed even when the pool's worker tasks were
@@ -206,7 +249,7 @@ class AsyncLent:
     async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
         pool = self._pool
         while True:
-            conn = await pool.getconn()
+            conn = await pool._wait_for_one()
             if not _idle_long(conn) or await _answers_async(conn):
                 self._conn = conn
                 return conn
