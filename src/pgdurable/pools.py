@@ -25,7 +25,7 @@ own ``check`` tests every connection, and sleeps a second, then two, between fai
 
 A caller that waits ``PROBE_AFTER_SECONDS`` for a connection checks that the server answers at all (one
 connection of its own): if not, it fails at once with what is wrong ("cannot reach a PostgreSQL server at
-...: connection refused"), instead of psycopg_pool's "couldn't get a connection after 30.00 sec" half a
+...: Connection refused"), instead of psycopg_pool's "couldn't get a connection after 30.00 sec" half a
 minute later; if it does, the pool is only busy and the caller waits on.
 
 A cancelled connection attempt is not logged as a failure to connect (``_CancelledConnectQuiet``): it is what
