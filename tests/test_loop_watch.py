@@ -26,12 +26,14 @@ def test_a_blocked_event_loop_is_reported_with_the_line_that_blocks_it(
 
     with caplog.at_level(logging.WARNING, logger="pgdurable.worker"):
         start_worker(app)
-        assert app.enqueue(blocks_its_loop).result(timeout=WAIT) == "done"
+        handle = app.enqueue(blocks_its_loop)
+        assert handle.result(timeout=WAIT) == "done"
         wait_for(lambda: any("runs again" in r.getMessage() for r in caplog.records), WAIT, "the loop's recovery")
     messages = [r.getMessage() for r in caplog.records]
     # (A loaded machine may starve the loop at other moments too: those reports are not this test's.)
     blocked = [m for m in messages if "has not run for" in m and "in blocks_its_loop" in m]
     assert len(blocked) == 1 and "time.sleep(1.5)" in blocked[0], messages
+    assert f"The loop runs task 'pgdurable:{handle.workflow_id}'" in blocked[0]  # the execution to look at
     again = [float(m.rsplit("after ", 1)[1].split(" s")[0]) for m in messages if "runs again" in m]
     assert max(again) >= 1.0
 

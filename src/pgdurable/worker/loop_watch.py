@@ -5,8 +5,9 @@ claims, the checkpoints written for other workflows, and the heartbeat that keep
 blocks (``time.sleep``, a blocking HTTP client, a long computation) stops all of that; past ``lease_seconds``,
 other workers take the executions over and run them again. The fencing keeps the database right, but the
 side effects run twice, and nothing said why. So a daemon thread watches a pulse the loop beats a few times
-a second: when the loop has not beaten for ``STALL_SECONDS`` it logs the loop thread's stack (the line that
-blocks it), and when the loop runs again, for how long it was blocked.
+a second: when the loop has not beaten for ``STALL_SECONDS`` it logs the task the loop runs (a workflow's is
+named after its execution) and the loop thread's stack (the line that blocks it), and when the loop runs
+again, for how long it was blocked.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class LoopWatch:
         self.lease_seconds = lease_seconds
         self._stall = STALL_SECONDS
         self._last = time.monotonic()
-        self._loop_thread = threading.get_ident()  # made on the loop's thread
+        self._loop = asyncio.get_running_loop()  # made on the loop's thread
+        self._loop_thread = threading.get_ident()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="pgdurable-loop-watch", daemon=True)
         self._thread.start()
@@ -58,12 +60,17 @@ class LoopWatch:
                     "blocks it (time.sleep, a blocking client, a long computation: await an async API or use "
                     "asyncio.to_thread); an overloaded machine can too. Meanwhile this worker writes no claim, "
                     "checkpoint or heartbeat, and past lease_seconds (%g s) other workers take its executions "
-                    "over. The loop's thread is at:\n%s",
-                    self.worker_id, silent, self.lease_seconds, self._loop_stack())
+                    "over. The loop runs %s, at:\n%s",
+                    self.worker_id, silent, self.lease_seconds, self._running_task(), self._loop_stack())
             elif blocked_since is not None and last > blocked_since:
                 log.warning("worker %s: its event loop runs again, after %.1f s blocked", self.worker_id,
                             last - blocked_since)
                 blocked_since = None
+
+    def _running_task(self) -> str:
+        """The task the loop runs (a workflow's is named after its execution: pgdurable:<id>)."""
+        task = asyncio.current_task(self._loop)  # a read of the loop's current task, safe from this thread
+        return f"task {task.get_name()!r}" if task is not None else "no task (a callback)"
 
     def _loop_stack(self) -> str:
         frame = sys._current_frames().get(self._loop_thread)
