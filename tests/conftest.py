@@ -21,6 +21,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import pgdurable
 from pgdurable.worker import Worker
@@ -86,6 +87,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if inspect.iscoroutinefunction(getattr(item, "function", None)) and isinstance(item, pytest.Function):
             item.fixturenames.append("close_loop_pools")
+
+
+@pytest.fixture
+def named_app(database_url: str, schema: str) -> Iterator[tuple[pgdurable.App, str]]:
+    """An App whose every connection carries its own application_name, so a test can kill exactly those
+    (tests.harness.terminate)."""
+    name = f"pgdurable-test-{uuid.uuid4().hex[:8]}"
+    app = pgdurable.App(make_conninfo(database_url, application_name=name), schema=schema, **FAST)
+    yield app, name
+    app.close()
 
 
 @pytest.fixture

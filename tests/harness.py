@@ -22,6 +22,15 @@ import pgdurable
 WAIT = 60.0
 
 
+def terminate(database_url: str, application_name: str) -> int:
+    """pg_terminate_backend every connection with this application_name (as a restart or an idle timeout
+    would end them); how many there were."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE application_name = %s", (application_name,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
     """Poll until ``predicate()`` is truthy; return its value, or fail naming ``what``."""
     deadline = time.monotonic() + timeout

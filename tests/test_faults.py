@@ -7,36 +7,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import pgdurable
 from pgdurable import store
-from tests.conftest import FAST
-from tests.harness import WAIT, wait_for
-
-
-@pytest.fixture
-def named_app(database_url: str, schema: str) -> Iterator[tuple[pgdurable.App, str]]:
-    """An App whose every connection carries its own application_name, so a test can kill exactly those."""
-    name = f"pgdurable-faults-{uuid.uuid4().hex[:8]}"
-    app = pgdurable.App(make_conninfo(database_url, application_name=name), schema=schema, **FAST)
-    yield app, name
-    app.close()
-
-
-def terminate(database_url: str, application_name: str) -> int:
-    """pg_terminate_backend every connection with this application_name; how many there were."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                           "WHERE application_name = %s", (application_name,)).fetchone()
-    return int(row[0]) if row else 0
+from tests.harness import WAIT, terminate, wait_for
 
 
 def test_a_transactional_step_that_loses_its_connection_is_retried_not_failed(

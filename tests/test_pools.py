@@ -7,18 +7,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import PoolClosed
 
 import pgdurable
 from pgdurable import pools
 from pgdurable.pools import AsyncStackPool, StackPool
+from tests.harness import terminate
 
 
 def _backend(conn: Any) -> int:
@@ -142,26 +140,9 @@ def _wait_for_connection(pool: StackPool) -> int:
         return _backend(conn)
 
 
-def _cut(database_url: str, application: str) -> int:
-    """End the server sessions of ``application`` as a restart or an idle timeout would."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                           " WHERE application_name = %s", (application,)).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-@pytest.fixture
-def cut_app(database_url: str, schema: str) -> Iterator[tuple[pgdurable.App, str]]:
-    application = f"cut-{uuid.uuid4().hex[:8]}"
-    app = pgdurable.App(make_conninfo(database_url, application_name=application), schema=schema)
-    yield app, application
-    app.close()
-
-
 def test_connections_cut_while_idle_are_replaced_before_they_are_lent(
-        cut_app: tuple[pgdurable.App, str], database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    app, application = cut_app
+        named_app: tuple[pgdurable.App, str], database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    app, application = named_app
 
     @app.workflow()
     def flow(x: int) -> int:
@@ -169,7 +150,7 @@ def test_connections_cut_while_idle_are_replaced_before_they_are_lent(
 
     async def twice_async() -> None:
         await asyncio.gather(*(app.enqueue_async(flow, i) for i in range(3)))  # the loop's pool: one connection or more
-        assert _cut(database_url, application) >= 1
+        assert terminate(database_url, application) >= 1
         for i in range(3):
             assert (await (await app.enqueue_async(flow, i)).get_async()).status == "enqueued"
 
@@ -177,7 +158,7 @@ def test_connections_cut_while_idle_are_replaced_before_they_are_lent(
         app.enqueue(flow, i)
     # Idle long enough to be tested from now on (a restart takes longer than CHECK_AFTER_IDLE_SECONDS).
     monkeypatch.setattr(pools, "CHECK_AFTER_IDLE_SECONDS", 0.0)
-    assert _cut(database_url, application) >= 1
+    assert terminate(database_url, application) >= 1
     for i in range(3):  # every call answers: no failure for each pooled connection first
         assert app.enqueue(flow, i).get().status == "enqueued"
     asyncio.run(twice_async())

@@ -179,37 +179,40 @@ class Database:
 
     async def async_pool(self, size: int | None = None) -> AsyncStackPool:
         """The async pool of the running event loop (async pools cannot be shared across loops)."""
-        loop = asyncio.get_running_loop()
-        pool = self._async_pools.get(loop)
-        if pool is None:
-            await asyncio.to_thread(self.ensure_schema)
-            pool = self._async_pools.get(loop)  # made by a task of this loop that waited beside this one
-        if pool is None:
-            schema, distributed = self.schema, self.distributed
-
-            async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-                await aconfigure(conn, schema, distributed)
-
-            pool = AsyncStackPool(
-                self.conninfo, connection_class=store.calls.AsyncOwnConnection, min_size=1,
-                max_size=size or self.pool_size, open=False,
-                kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
-            await pool.open()
-            pool = await _keep_first(self._async_pools, loop, pool)
-            self._watch_loop(loop)
-        return pool
+        pool = self._async_pools.get(asyncio.get_running_loop())
+        return pool if pool is not None else await self._open_loop_pool(self._async_pools,
+                                                                        lambda: self._new_async_pool(size))
 
     async def app_async_pool(self) -> AsyncConnectionPool[Any]:
+        pool = self._app_async_pools.get(asyncio.get_running_loop())
+        return pool if pool is not None else await self._open_loop_pool(self._app_async_pools,
+                                                                        self._new_app_async_pool)
+
+    def _new_app_async_pool(self) -> AsyncConnectionPool[Any]:
+        return AsyncStackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
+                              kwargs={"autocommit": True}, name="pgdurable-transactions-async")
+
+    def _new_async_pool(self, size: int | None) -> AsyncStackPool:
+        schema, distributed = self.schema, self.distributed
+
+        async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await aconfigure(conn, schema, distributed)
+
+        return AsyncStackPool(
+            self.conninfo, connection_class=store.calls.AsyncOwnConnection, min_size=1,
+            max_size=size or self.pool_size, open=False,
+            kwargs={"autocommit": True}, configure=_configure, name="pgdurable-async")
+
+    async def _open_loop_pool(self, pools: dict[asyncio.AbstractEventLoop, P], make: Callable[[], P]) -> P:
+        """The running loop's pool in ``pools``, made (``make``, once the schema is known) unless a task of this
+        loop made it while this one waited; closed when the loop ends (_watch_loop)."""
         loop = asyncio.get_running_loop()
-        pool = self._app_async_pools.get(loop)
+        await asyncio.to_thread(self.ensure_schema)
+        pool = pools.get(loop)
         if pool is None:
-            await asyncio.to_thread(self.ensure_schema)
-            pool = self._app_async_pools.get(loop)
-        if pool is None:
-            pool = AsyncStackPool(self.conninfo, min_size=1, max_size=self.pool_size * 4, open=False,
-                                  kwargs={"autocommit": True}, name="pgdurable-transactions-async")
+            pool = make()
             await pool.open()
-            pool = await _keep_first(self._app_async_pools, loop, pool)
+            pool = await _keep_first(pools, loop, pool)
             self._watch_loop(loop)
         return pool
 

@@ -213,7 +213,6 @@ class Statements:
             self._tx.set_pgresult(None)
             result.clear()
 
-
     def _maker(self, statement: bytes, result: pq.abc.PGresult, row_factory: BaseRowFactory[Any],
                ) -> Callable[[Any], Any]:
         """The row maker ``row_factory`` made for ``statement``'s results (see ``_makers``)."""

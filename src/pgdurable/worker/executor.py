@@ -170,8 +170,7 @@ class Executor:
                 # SystemExit, KeyboardInterrupt or a class of the application's own, raised by the workflow's
                 # code (sys.exit() in a step, argparse refusing its arguments): that workflow's failure. Let
                 # through, it would end the worker, and then every worker that claimed the execution after it.
-                if isinstance(exc, GeneratorExit) or (_operator_interrupt(exc, workflow)
-                                                      and not self.handles_signals):
+                if isinstance(exc, GeneratorExit) or self._may_be_ctrl_c(exc, workflow):
                     raise
                 if not context.lost and context.replay_mismatch() is None:
                     status, output, error = "failed", None, failures.encode(exc)
@@ -226,6 +225,14 @@ class Executor:
             if self.running.get(claimed.id) is running:
                 del self.running[claimed.id]
             self._on_free()
+
+    def _may_be_ctrl_c(self, exc: BaseException, workflow: Workflow[Any, Any] | None) -> bool:
+        """Whether ``exc`` may be the operator's Ctrl-C rather than the code's: a KeyboardInterrupt on the main
+        thread, where Python delivers signals (an async workflow runs on the loop's thread, which may be the
+        main one; a sync workflow on a pool thread, which a signal never interrupts), in a worker that leaves
+        SIGINT to Python."""
+        return (isinstance(exc, KeyboardInterrupt) and not self.handles_signals and workflow is not None
+                and workflow.is_async and threading.current_thread() is threading.main_thread())
 
     async def _settle(self, context: ExecutionContext, claimed: store.claims.Claimed) -> bool:
         """The checkpoints the workflow deferred, once written: False if one of them was not (refused, fenced,
@@ -321,12 +328,3 @@ class Executor:
         if await cancel_and_wait(cancelled, patience=max(grace, 1.0)):
             log.warning("worker %s: async workflows still run %.0f s after their cancellation", self.worker_id,
                         max(grace, 1.0))
-
-
-def _operator_interrupt(exc: BaseException, workflow: Workflow[Any, Any] | None) -> bool:
-    """Whether ``exc`` may be the operator's Ctrl-C rather than the code's (unless the worker handles SIGINT
-    itself): a KeyboardInterrupt raised on the main thread, where Python delivers signals (an async workflow
-    runs on the loop's thread, which may be the main one; a sync workflow on a pool thread, which a signal
-    never interrupts)."""
-    return (isinstance(exc, KeyboardInterrupt) and workflow is not None and workflow.is_async
-            and threading.current_thread() is threading.main_thread())
